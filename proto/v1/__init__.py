@@ -1,0 +1,1 @@
+"""Generated protobuf and gRPC modules of truba.v1 (see truba.proto.generate)."""
