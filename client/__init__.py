@@ -1,0 +1,30 @@
+"""truba.client: the SDK: create jobs, submit tasks, take one outcome per task."""
+
+from truba.client.blocking import BlockingClient, BlockingJob, connect
+from truba.client.client import Client
+from truba.client.errors import (
+    FailedPrecondition,
+    InvalidArgument,
+    JobCancelled,
+    NotFound,
+    SchedulerError,
+    Unavailable,
+)
+from truba.client.job import Job
+from truba.client.outcome import Outcome, TaskFailed
+
+__all__ = [
+    "BlockingClient",
+    "BlockingJob",
+    "Client",
+    "FailedPrecondition",
+    "InvalidArgument",
+    "Job",
+    "JobCancelled",
+    "NotFound",
+    "Outcome",
+    "SchedulerError",
+    "TaskFailed",
+    "Unavailable",
+    "connect",
+]

@@ -1,0 +1,143 @@
+"""The async client: a connection to the scheduler and, through it, to the brokers.
+
+::
+
+    async with truba.Client("localhost:50051") as client:
+        job = await client.create_job(handler="examples.primes:count", importance=1.0)
+        for chunk in chunks:
+            await job.submit(chunk)
+        await job.close()
+        async for outcome in job.results():
+            ...
+
+A client needs only the scheduler's address: the scheduler hands out the broker list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from types import TracebackType
+
+import grpc
+
+from truba.client.errors import map_rpc_errors
+from truba.client.job import Job
+from truba.pipes.balance import balance
+from truba.pipes.errors import PipeError
+from truba.pipes.merge import merge
+from truba.pipes.rabbit import RabbitConnection, RabbitListener, RabbitSender
+from truba.pipes.serialize import deserialize, serialize
+from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
+from truba.wire import ResultCodec, TaskCodec
+
+log = logging.getLogger(__name__)
+
+
+class Client:
+    """Creates and drives jobs. Use as ``async with Client(address) as client``."""
+
+    def __init__(
+        self,
+        address: str = "127.0.0.1:50051",
+        *,
+        max_unconfirmed: int = 1000,
+        result_prefetch: int = 1000,
+        broker_heartbeat: float = 10.0,
+    ) -> None:
+        self.address = address
+        self._max_unconfirmed = max_unconfirmed
+        self._result_prefetch = result_prefetch
+        self._broker_heartbeat = broker_heartbeat
+        self._channel: grpc.aio.Channel | None = None
+        self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
+        self._connections: dict[str, RabbitConnection] = {}
+        self._name = f"truba-client-{socket.gethostname()}-{os.getpid()}"
+
+    async def __aenter__(self) -> Client:
+        await self.connect()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def connect(self) -> None:
+        """Opens the gRPC channel (lazily connected; the first call reports an unreachable scheduler)."""
+        if self._channel is None:
+            self._channel = grpc.aio.insecure_channel(self.address)
+            self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
+
+    @property
+    def jobs(self) -> jobs_pb2_grpc.JobServiceAsyncStub:
+        """The raw JobService stub."""
+        if self._stub is None:
+            raise RuntimeError("client is not connected: use 'async with Client(...)'")
+        return self._stub
+
+    async def create_job(self, handler: str, importance: float = 1.0, *, name: str = "") -> Job:
+        """Creates a job whose tasks daemons run with ``handler`` ("package.module:function").
+
+        Raises:
+            InvalidArgument: a malformed handler or importance (the message names the field).
+            FailedPrecondition: no connected daemon allows this handler.
+            Unavailable: the scheduler or a broker cannot be reached.
+        """
+        request = jobs_pb2.CreateJobRequest(handler=handler, importance=importance, name=name)
+        with map_rpc_errors():
+            response = await self.jobs.CreateJob(request)
+        info = response.job
+        urls = [broker.url for broker in response.brokers]
+        senders: list[RabbitSender] = []
+        listeners: list[RabbitListener] = []
+        try:
+            for url in urls:
+                connection = await self._connection(url)
+                senders.append(
+                    await connection.sender(info.queues.tasks, max_unconfirmed=self._max_unconfirmed)
+                )
+                listeners.append(
+                    await connection.listener(info.queues.results, prefetch=self._result_prefetch)
+                )
+        except PipeError:
+            closing = [s.close() for s in senders] + [li.close() for li in listeners]
+            await asyncio.gather(*closing, return_exceptions=True)
+            raise
+        tasks = serialize(TaskCodec())(balance(senders, max_load=self._max_unconfirmed))
+        results = deserialize(ResultCodec())(merge(listeners))
+        log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(urls)})
+        return Job(self, info, tasks, results)
+
+    async def get_job_info(self, job_id: str) -> jobs_pb2.Job:
+        """The scheduler's view of a job. Raises NotFound for an unknown id."""
+        with map_rpc_errors():
+            return await self.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+
+    async def list_jobs(self, include_done: bool = False) -> list[jobs_pb2.Job]:
+        with map_rpc_errors():
+            response = await self.jobs.ListJobs(jobs_pb2.ListJobsRequest(include_done=include_done))
+        return list(response.jobs)
+
+    async def cluster_info(self) -> jobs_pb2.ClusterInfo:
+        """Brokers, connected daemons and their slots, as the scheduler sees them."""
+        with map_rpc_errors():
+            return await self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
+
+    async def _connection(self, url: str) -> RabbitConnection:
+        connection = self._connections.get(url)
+        if connection is None or connection.is_closed:
+            connection = await RabbitConnection.open(url, name=self._name, heartbeat=self._broker_heartbeat)
+            self._connections[url] = connection
+        return connection
+
+    async def close(self) -> None:
+        """Closes broker connections and the scheduler channel; idempotent."""
+        await asyncio.gather(*(c.close() for c in self._connections.values()), return_exceptions=True)
+        self._connections.clear()
+        if self._channel is not None:
+            await self._channel.close(None)
+            self._channel = None
+            self._stub = None

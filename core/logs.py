@@ -1,0 +1,97 @@
+"""Structured logging for truba's binaries: one JSON object per line, ids from context.
+
+Library code logs with ``logging.getLogger(__name__)``, a constant dotted event name as the message
+and data in ``extra``. Binaries call :func:`setup` once. Ids that hold for a whole scope (job,
+task, daemon, slot) are bound with :func:`bind` and added to every record by a filter, so layers
+need not thread them through calls.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Final, TextIO
+
+_CONTEXT: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("truba_log_context", default={})  # noqa: B039
+
+# Attributes every LogRecord has; anything else came from `extra` and is printed as a field.
+_STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+
+
+@contextlib.contextmanager
+def bind(**fields: object) -> Iterator[None]:
+    """Adds ``fields`` (e.g. ``job_id=...``) to every record logged in this context."""
+    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def bind_process(**fields: object) -> None:
+    """Adds ``fields`` to every record of this process from now on (e.g. ``daemon_id``)."""
+    _CONTEXT.set({**_CONTEXT.get(), **fields})
+
+
+class ContextFilter(logging.Filter):
+    """Copies the bound context fields onto each record (fields given in ``extra`` win)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        for key, value in _CONTEXT.get().items():
+            if not hasattr(record, key):
+                setattr(record, key, value)
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """``{"ts": ..., "level": ..., "logger": ..., "event": ..., <fields>}`` per line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, object] = {
+            "ts": round(record.created, 6),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        for key, value in vars(record).items():
+            if key not in _STANDARD and not key.startswith("_"):
+                entry[key] = value
+        if record.exc_info and record.levelno >= logging.DEBUG:
+            entry["traceback"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=repr, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """Human-readable variant: time, level, event, then key=value fields."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = " ".join(
+            f"{key}={value}"
+            for key, value in vars(record).items()
+            if key not in _STANDARD and not key.startswith("_")
+        )
+        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
+        line = (
+            f"{stamp}.{int(record.msecs):03d} {record.levelname:<7} {record.getMessage()} {fields}".rstrip()
+        )
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        return line
+
+
+def setup(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
+    """Configures the root logger of a truba binary; call once at startup."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.addFilter(ContextFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    # aio-pika/aiormq are chatty at info about things truba logs itself.
+    for noisy in ("aio_pika", "aiormq"):
+        logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))

@@ -1,0 +1,1 @@
+"""truba.daemon: the compute daemon, one per node, running jobs' tasks in slot subprocesses."""

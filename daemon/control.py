@@ -1,0 +1,134 @@
+"""The daemon's link to the scheduler: one Connect stream, reopened with backoff and jitter.
+
+Up the stream go Hello (who we are, what we run) and heartbeats (applied assignment, stats);
+down come Welcome (brokers) and Assignments (the complete desired state). When the scheduler is
+unreachable the daemon keeps running its last assignment and keeps trying: the two converge
+again after reconnect (eventual consistency).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+
+class Assignee(Protocol):
+    """What the link needs from the daemon."""
+
+    def hello(self) -> daemons_pb2.Hello: ...
+
+    def heartbeat(self) -> daemons_pb2.Heartbeat: ...
+
+    def welcome(self, welcome: daemons_pb2.Welcome) -> None: ...
+
+    def assign(self, assignment: daemons_pb2.Assignment) -> None: ...
+
+
+@dataclass
+class Backoff:
+    """Full-jitter exponential backoff: a random delay in [0, min(cap, base * 2**attempt)]."""
+
+    base: float = 0.2
+    cap: float = 10.0
+    rng: Callable[[float, float], float] = random.uniform
+
+    def delay(self, attempt: int) -> float:
+        return self.rng(0.0, min(self.cap, self.base * 2**attempt))
+
+
+class SchedulerLink:
+    """Keeps a Connect stream to the scheduler open until ``stop`` is set."""
+
+    def __init__(self, address: str, daemon: Assignee, backoff: Backoff | None = None) -> None:
+        self.address = address
+        self.daemon = daemon
+        self.backoff = backoff or Backoff()
+        self.connected = asyncio.Event()
+        self._heartbeat_interval = 2.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        attempt = 0
+        while not stop.is_set():
+            try:
+                await self._session(stop)
+                attempt = 0
+            except grpc.aio.AioRpcError as exc:
+                log.warning(
+                    "daemon.scheduler.unreachable",
+                    extra={"scheduler": self.address, "code": exc.code().name, "details": exc.details()},
+                )
+            except (OSError, ConnectionError) as exc:
+                log.warning(
+                    "daemon.scheduler.unreachable", extra={"scheduler": self.address, "error": repr(exc)}
+                )
+            self.connected.clear()
+            if stop.is_set():
+                return
+            delay = self.backoff.delay(attempt)
+            attempt += 1
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), delay)
+
+    async def _session(self, stop: asyncio.Event) -> None:
+        outbox: asyncio.Queue[daemons_pb2.DaemonMessage] = asyncio.Queue()
+        outbox.put_nowait(daemons_pb2.DaemonMessage(hello=self.daemon.hello()))
+
+        async def requests() -> AsyncIterator[daemons_pb2.DaemonMessage]:
+            while True:
+                yield await outbox.get()
+
+        async def beat() -> None:
+            while True:
+                await asyncio.sleep(self._heartbeat_interval)
+                outbox.put_nowait(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
+
+        async with grpc.aio.insecure_channel(self.address) as channel:
+            stub = daemons_pb2_grpc.DaemonServiceStub(channel)
+            call = stub.Connect(requests())
+            beating = asyncio.create_task(beat())
+            stopping = asyncio.create_task(stop.wait())
+            try:
+                reader = aiter(call)
+                while True:
+                    next_message = asyncio.ensure_future(anext(reader))
+                    done, _ = await asyncio.wait(
+                        {next_message, stopping}, return_when=asyncio.FIRST_COMPLETED
+                    )
+                    if stopping in done:
+                        next_message.cancel()
+                        call.cancel()
+                        return
+                    try:
+                        message = next_message.result()
+                    except StopAsyncIteration:
+                        log.warning("daemon.scheduler.stream_ended", extra={"scheduler": self.address})
+                        return
+                    self._handle(message)
+            finally:
+                beating.cancel()
+                stopping.cancel()
+                call.cancel()
+
+    def _handle(self, message: daemons_pb2.SchedulerMessage) -> None:
+        kind = message.WhichOneof("kind")
+        if kind == "welcome":
+            self._heartbeat_interval = message.welcome.heartbeat_interval or 2.0
+            log.info(
+                "daemon.scheduler.connected",
+                extra={"scheduler": self.address, "brokers": len(message.welcome.brokers)},
+            )
+            self.daemon.welcome(message.welcome)
+            self.connected.set()
+        elif kind == "assignment":
+            self.daemon.assign(message.assignment)

@@ -1,0 +1,114 @@
+"""Slot subprocesses, seen from the daemon: start, run one task, notice death, kill.
+
+A slot is a ``python -m truba.daemon.slot`` child speaking length-prefixed msgpack frames over
+its stdin/stdout (see :mod:`truba.daemon.slot`). The process boundary protects the daemon from
+the handler's crashes, leaks and hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from typing import final
+
+import msgpack
+
+from truba.daemon.slot import HEADER
+from truba.wire import ErrorInfo
+
+log = logging.getLogger(__name__)
+
+
+class SlotDied(Exception):
+    """The slot process exited while running a task."""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotReply:
+    """What a slot reports for one task."""
+
+    task_id: str
+    ok: bool
+    value: object
+    error: ErrorInfo | None
+    seconds: float
+
+
+@final
+class SlotProcess:
+    """One slot subprocess; runs one task at a time."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self._process: asyncio.subprocess.Process | None = None
+        self.tasks_run = 0
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def alive(self) -> bool:
+        return self._process is not None and self._process.returncode is None
+
+    async def start(self) -> None:
+        self._process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "truba.daemon.slot",
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            env=os.environ.copy(),
+        )
+        log.info("daemon.slot.started", extra={"slot": self.index, "pid": self._process.pid})
+
+    async def run(self, handler: str, task_id: str, payload: object) -> SlotReply:
+        """Runs one task; raises SlotDied if the process exits first (it is then restarted)."""
+        if not self.alive:
+            await self.start()
+        process = self._process
+        assert process is not None and process.stdin is not None and process.stdout is not None
+        request = msgpack.packb([handler, task_id, payload], use_bin_type=True)
+        try:
+            process.stdin.write(HEADER.pack(len(request)) + request)
+            await process.stdin.drain()
+            header = await process.stdout.readexactly(HEADER.size)
+            (size,) = HEADER.unpack(header)
+            body = await process.stdout.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
+            code = await self._reap()
+            raise SlotDied(f"slot {self.index} exited with {code} while running task {task_id}") from exc
+        self.tasks_run += 1
+        reply_task_id, ok, value, seconds = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if ok:
+            return SlotReply(reply_task_id, True, value, None, seconds)
+        error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
+        return SlotReply(reply_task_id, False, None, error, seconds)
+
+    async def _reap(self) -> int | None:
+        if self._process is None:
+            return None
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        code = await self._process.wait()
+        log.warning("daemon.slot.died", extra={"slot": self.index, "returncode": code})
+        return code
+
+    async def stop(self) -> None:
+        """Stops the slot: EOF on stdin, then SIGKILL if it does not exit within 2 s."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        if process.stdin is not None:
+            process.stdin.close()
+        try:
+            await asyncio.wait_for(process.wait(), 2.0)
+        except TimeoutError:
+            with contextlib.suppress(ProcessLookupError):
+                process.send_signal(signal.SIGKILL)
+            await process.wait()

@@ -1,0 +1,1 @@
+"""Example jobs for truba: run them against `truba up` (see the README)."""

@@ -1,0 +1,125 @@
+"""The two interfaces of truba's pipes, and the small types around them.
+
+A :class:`Sender` delivers messages downstream and tracks which are not yet confirmed; a
+:class:`Listener` hands out :class:`Delivery` objects that must be acked or rejected. Every pipe
+layer wraps exactly one inner Sender or Listener and adds one concern (see :mod:`truba.pipes`).
+
+Contract shared by every implementation (checked by the contract suite):
+
+- ``close()`` is idempotent, also closes the inner pipe, and still closes when cancelled;
+- after ``close()``, ``send``/``get`` raise :class:`~truba.pipes.errors.PipeClosed`;
+- a blocked ``get()`` wakes with ``PipeClosed`` when its listener is closed;
+- once broken a pipe stays broken: only reopening produces a fresh one;
+- every message sent is either confirmed or still listed by ``unconfirmed()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+In = TypeVar("In")
+Out = TypeVar("Out")
+
+Confirmation = asyncio.Future[None]
+"""Resolves when a broker confirms the message; fails with a PipeError if it did not.
+
+A failed confirmation does not lose the message: it stays in ``unconfirmed()`` until an outer
+layer re-sends it and calls ``drop_unconfirmed()``.
+"""
+
+
+class Sender(Protocol[T]):
+    """Delivers messages downstream and remembers those no broker has confirmed yet."""
+
+    async def send(self, message: T) -> Confirmation:
+        """Hands ``message`` to the transport and returns once it is accepted, not confirmed.
+
+        May wait while the in-flight window is full (backpressure).
+
+        Returns:
+            A future that resolves when a broker confirms the message.
+
+        Raises:
+            PipeClosed: after ``close()``.
+            PipeBroken: the transport failed under us.
+            CodecError, MessageTooLarge: the message can never be sent.
+        """
+        ...
+
+    def unconfirmed(self) -> Sequence[T]:
+        """Messages sent but not yet confirmed, oldest first."""
+        ...
+
+    def drop_unconfirmed(self) -> None:
+        """Forgets the unconfirmed messages (an outer layer has re-sent them elsewhere)."""
+        ...
+
+    async def close(self) -> None:
+        """Waits (bounded) for outstanding confirms, then closes; idempotent."""
+        ...
+
+
+class Delivery(Protocol[T_co]):
+    """One received message; exactly one of ``ack``/``reject`` settles it."""
+
+    @property
+    def message(self) -> T_co: ...
+
+    @property
+    def redelivered(self) -> bool:
+        """True when the broker delivered this message before (a crash or a requeue)."""
+        ...
+
+    @property
+    def headers(self) -> Mapping[str, object]: ...
+
+    async def ack(self) -> None:
+        """Settles the delivery as done. Raises PipeBroken if its channel is gone."""
+        ...
+
+    async def reject(self, requeue: bool) -> None:
+        """Gives the delivery back (``requeue=True``) or to the dead-letter path."""
+        ...
+
+
+class Listener(Protocol[T_co]):
+    """Hands out deliveries: now (``get``) or later (``subscribe``)."""
+
+    async def get(self, timeout: float) -> Delivery[T_co] | None:
+        """Takes the next delivery, waiting up to ``timeout`` seconds; None on timeout.
+
+        Raises:
+            PipeClosed: the listener is (or gets) closed, also while waiting.
+            PipeBroken: the transport failed under us.
+        """
+        ...
+
+    def subscribe(self, callback: Callable[[Delivery[T_co]], Awaitable[None]]) -> None:
+        """Calls ``callback`` for each delivery instead of queueing it for ``get``.
+
+        Errors the callback raises are logged, and the delivery is requeued.
+        """
+        ...
+
+    async def close(self) -> None:
+        """Stops consuming; unsettled deliveries go back to the broker; idempotent."""
+        ...
+
+
+class Codec(Protocol[T]):
+    """Reversible conversion between messages and bytes."""
+
+    def encode(self, message: T) -> bytes: ...
+
+    def decode(self, data: bytes) -> T: ...
+
+
+Layer = Callable[[Sender[In]], Sender[Out]]
+"""Wraps a ``Sender[In]`` into a ``Sender[Out]``, adding one concern."""
+
+ListenerLayer = Callable[[Listener[In]], Listener[Out]]
+"""Wraps a ``Listener[In]`` into a ``Listener[Out]``, adding one concern."""

@@ -1,0 +1,113 @@
+"""Combinator: listen to several listeners (one per broker) as one.
+
+A pump per inner listener moves its deliveries into one local queue; ``get`` takes from it. The
+inner listeners' prefetch windows bound how much can wait there. When an inner listener breaks,
+its pump stops and the merged listener reports the break once the queue holds nothing more, so
+its owner can reopen; deliveries already taken stay valid on their own channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Generic, TypeVar, final
+
+from truba.pipes.base import Delivery, Listener
+from truba.pipes.errors import PipeClosed, PipeError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+_POLL = 1.0  # seconds a pump waits on its inner listener before checking for close
+
+
+@final
+class MergeListener(Generic[T]):
+    """Deliveries of all ``listeners`` through one ``get``.
+
+    Raises (from ``get``):
+        PipeClosed: after close(), also waking a blocked get.
+        PipeBroken: an inner listener broke and nothing is left to deliver.
+    """
+
+    def __init__(self, listeners: Sequence[Listener[T]]) -> None:
+        if not listeners:
+            raise ValueError("merge needs at least one listener")
+        self._listeners = list(listeners)
+        self._queue: asyncio.Queue[Delivery[T] | None] = asyncio.Queue()
+        self._broken: PipeError | None = None
+        self._closed = False
+        self._callback: Callable[[Delivery[T]], Awaitable[None]] | None = None
+        self._pumps = [asyncio.create_task(self._pump(listener)) for listener in self._listeners]
+        self._calls: set[asyncio.Task[None]] = set()
+
+    async def _pump(self, listener: Listener[T]) -> None:
+        while not self._closed:
+            try:
+                delivery = await listener.get(_POLL)
+            except PipeClosed:
+                return
+            except PipeError as exc:
+                if self._broken is None:
+                    self._broken = exc
+                log.warning("pipe.merge.inner_broken", extra={"error": repr(exc)})
+                self._queue.put_nowait(None)  # wake a waiting get
+                return
+            if delivery is None:
+                continue
+            if self._callback is not None:
+                await self._call(self._callback, delivery)
+            else:
+                self._queue.put_nowait(delivery)
+
+    @staticmethod
+    async def _call(callback: Callable[[Delivery[T]], Awaitable[None]], delivery: Delivery[T]) -> None:
+        try:
+            await callback(delivery)
+        except Exception as exc:
+            log.error("pipe.merge.callback_failed", extra={"error": repr(exc)})
+            with contextlib.suppress(PipeError):
+                await delivery.reject(requeue=True)
+
+    async def get(self, timeout: float) -> Delivery[T] | None:
+        if self._closed:
+            raise PipeClosed("merged listener is closed")
+        if self._queue.empty() and self._broken is not None:
+            raise self._broken
+        try:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+        if item is None:
+            if self._closed:
+                self._queue.put_nowait(None)
+                raise PipeClosed("merged listener is closed")
+            if self._queue.empty() and self._broken is not None:
+                raise self._broken
+            return None
+        return item
+
+    def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
+        self._callback = callback
+        while not self._queue.empty():
+            item = self._queue.get_nowait()
+            if item is not None:
+                call = asyncio.create_task(self._call(callback, item))
+                self._calls.add(call)
+                call.add_done_callback(self._calls.discard)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put_nowait(None)
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        await asyncio.gather(*(listener.close() for listener in self._listeners), return_exceptions=True)
+
+
+def merge(listeners: Sequence[Listener[T]]) -> MergeListener[T]:
+    """Combinator: one listener over many (listen to several brokers at once)."""
+    return MergeListener(listeners)

@@ -1,0 +1,119 @@
+"""Layer: (de)serialization. Messages become bytes on the way out and back on the way in.
+
+A message that cannot be encoded raises :class:`CodecError` to the sender (it can never be sent).
+A delivery that cannot be decoded is poison: it is never retried but rejected without requeue, so
+the broker dead-letters it, and the error is logged with the queue's bytes size and a prefix.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from truba.pipes.base import Codec, Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.errors import CodecError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SerializeSender(Generic[T]):
+    """Encodes each message with ``codec`` before handing it to a ``Sender[bytes]``.
+
+    ``unconfirmed()`` answers in ``T`` by decoding the inner sender's bytes (codecs are reversible).
+    """
+
+    inner: Sender[bytes]
+    codec: Codec[T]
+
+    async def send(self, message: T) -> Confirmation:
+        return await self.inner.send(self.codec.encode(message))
+
+    def unconfirmed(self) -> Sequence[T]:
+        return [self.codec.decode(data) for data in self.inner.unconfirmed()]
+
+    def drop_unconfirmed(self) -> None:
+        self.inner.drop_unconfirmed()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def serialize(codec: Codec[T]) -> Layer[bytes, T]:
+    """The serialize layer: ``Sender[bytes] -> Sender[T]``."""
+    return lambda inner: SerializeSender(inner, codec)
+
+
+@dataclass
+class DecodedDelivery(Generic[T]):
+    """A delivery whose bytes were decoded; settling it settles the inner delivery."""
+
+    inner: Delivery[bytes]
+    message: T
+
+    @property
+    def redelivered(self) -> bool:
+        return self.inner.redelivered
+
+    @property
+    def headers(self) -> Mapping[str, object]:
+        return self.inner.headers
+
+    async def ack(self) -> None:
+        await self.inner.ack()
+
+    async def reject(self, requeue: bool) -> None:
+        await self.inner.reject(requeue)
+
+
+@dataclass
+class DeserializeListener(Generic[T]):
+    """Decodes deliveries of a ``Listener[bytes]``; poison deliveries go to the dead-letter path."""
+
+    inner: Listener[bytes]
+    codec: Codec[T]
+    monotonic: Callable[[], float] = time.monotonic
+
+    async def get(self, timeout: float) -> Delivery[T] | None:
+        deadline = self.monotonic() + timeout
+        while True:
+            delivery = await self.inner.get(max(0.0, deadline - self.monotonic()))
+            if delivery is None:
+                return None
+            decoded = await self._decode(delivery)
+            if decoded is not None:
+                return decoded
+            if self.monotonic() >= deadline:
+                return None
+
+    async def _decode(self, delivery: Delivery[bytes]) -> DecodedDelivery[T] | None:
+        try:
+            return DecodedDelivery(delivery, self.codec.decode(delivery.message))
+        except CodecError as exc:
+            data = delivery.message
+            log.error(
+                "pipe.poison",
+                extra={"error": str(exc), "size": len(data), "prefix": data[:32].hex()},
+            )
+            await delivery.reject(requeue=False)
+            return None
+
+    def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
+        async def decode_then_call(delivery: Delivery[bytes]) -> None:
+            decoded = await self._decode(delivery)
+            if decoded is not None:
+                await callback(decoded)
+
+        self.inner.subscribe(decode_then_call)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def deserialize(codec: Codec[T]) -> ListenerLayer[bytes, T]:
+    """The deserialize layer: ``Listener[bytes] -> Listener[T]``."""
+    return lambda inner: DeserializeListener(inner, codec)

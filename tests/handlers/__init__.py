@@ -1,0 +1,1 @@
+"""Handlers the test suite's jobs run (importable as ``tests.handlers``)."""

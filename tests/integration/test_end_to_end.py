@@ -1,0 +1,165 @@
+"""One job end to end with real processes: scheduler + 2 daemons + 2 brokers."""
+
+from __future__ import annotations
+
+import collections
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pika
+import pytest
+
+import truba
+from truba.local.cluster import LocalCluster, TrubaProcess
+
+pytestmark = pytest.mark.integration
+
+ALLOW = ["tests.handlers.*", "examples.*"]
+
+
+class Cluster:
+    """A scheduler and daemons as real subprocesses over the given brokers."""
+
+    def __init__(self, state: Path, brokers: list[object]) -> None:
+        self.local = LocalCluster(state)
+        self.brokers = brokers
+        self.daemons: list[TrubaProcess] = []
+
+    def start(self, daemons: int = 2, slots: int = 2) -> None:
+        urls = [b.url for b in self.brokers]  # type: ignore[attr-defined]
+        self.local.start_scheduler(urls, "127.0.0.1:0", "--heartbeat-interval", "0.5")
+        for i in range(daemons):
+            self.daemons.append(self.local.start_daemon(f"d{i}", slots, ALLOW))
+        self.local.wait_for_daemons(daemons)
+
+    @property
+    def address(self) -> str:
+        return self.local.address
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name}\n{p.log()[-4000:]}" for p in self.local.processes)
+
+
+@pytest.fixture
+def cluster(rabbit_nodes: list[object], tmp_path: Path) -> Iterator[Cluster]:
+    running = Cluster(tmp_path, rabbit_nodes)
+    try:
+        running.start()
+        yield running
+    finally:
+        running.local.stop()
+
+
+def _queues_of(job_id: str, brokers: list[object]) -> list[str]:
+    names = []
+    for broker in brokers:
+        names += [q for q in broker.list_queues() if job_id in q]  # type: ignore[attr-defined]
+    return names
+
+
+def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_deleted(
+    cluster: Cluster, rabbit_nodes: list[object]
+) -> None:
+    payloads = list(range(2000))
+    payloads[777] = -1  # the handler raises for -1
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.basic:square", importance=1.0)
+        assert len(_queues_of(job.id, rabbit_nodes)) == 6  # tasks, results, dead on both brokers
+        began = time.perf_counter()
+        outcomes = job.map(payloads)
+        seconds = time.perf_counter() - began
+        info = client.get_job_info(job.id)
+    print(f"2000 tasks in {seconds:.2f} s: {2000 / seconds:.0f} tasks/s")
+    assert len(outcomes) == 2000
+    assert len({o.task_id for o in outcomes}) == 2000
+    failed = [o for o in outcomes if not o.ok]
+    assert len(failed) == 1 and failed[0] is outcomes[777]
+    assert failed[0].error is not None and failed[0].error.type == "ValueError"
+    assert "negative one" in failed[0].error.message and "Traceback" in failed[0].error.traceback
+    assert [o.value for i, o in enumerate(outcomes) if i != 777] == [p * p for i, p in enumerate(payloads) if i != 777]
+    # Both daemons worked on it.
+    assert len({o.daemon_id for o in outcomes}) == 2
+    assert info.state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED
+    assert _queues_of(job.id, rabbit_nodes) == []
+
+
+def test_a_daemon_killed_halfway_loses_no_outcome(cluster: Cluster) -> None:
+    total = 2000
+    seen: collections.Counter[str] = collections.Counter()
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.basic:sleep")
+        for _ in range(total):
+            job.submit(0.002)
+        job.close()
+        killed = False
+        for outcome in job.results():
+            seen[outcome.task_id] += 1
+            assert outcome.ok, outcome.error
+            if not killed and sum(seen.values()) >= total // 2:
+                cluster.daemons[0].kill()
+                killed = True
+    assert killed
+    assert len(seen) == total
+    assert set(seen.values()) == {1}, "an outcome was delivered twice"
+    assert not cluster.daemons[0].alive() and cluster.daemons[1].alive()
+
+
+def test_a_handler_outside_the_allow_list_is_refused_at_once(cluster: Cluster) -> None:
+    with truba.connect(cluster.address) as client:
+        began = time.monotonic()
+        with pytest.raises(truba.FailedPrecondition, match="os:system"):
+            client.create_job(handler="os:system")
+        assert time.monotonic() - began < 5
+
+
+def test_an_allowed_handler_that_cannot_be_imported_gives_error_outcomes(cluster: Cluster) -> None:
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.missing_module:f")
+        outcomes = job.map([1, 2, 3])
+    assert [o.ok for o in outcomes] == [False] * 3
+    assert all(o.error is not None and o.error.type == "HandlerImportError" for o in outcomes)
+    assert "tests.handlers.missing_module:f" in str(outcomes[0].error)
+
+
+def test_bad_requests_get_clear_errors(cluster: Cluster) -> None:
+    with truba.connect(cluster.address) as client:
+        with pytest.raises(truba.NotFound, match="nope"):
+            client.get_job_info("nope")
+        with pytest.raises(truba.InvalidArgument) as bad_handler:
+            client.create_job(handler="not a handler")
+        assert bad_handler.value.details.startswith("handler")
+        with pytest.raises(truba.InvalidArgument) as bad_importance:
+            client.create_job(handler="tests.handlers.basic:echo", importance=-1)
+        assert bad_importance.value.details.startswith("importance")
+
+
+def test_garbage_in_a_task_queue_is_dead_lettered_and_the_daemons_keep_serving(
+    cluster: Cluster, rabbit_nodes: list[object]
+) -> None:
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.basic:echo")
+        info = job.info()
+        broker = rabbit_nodes[0]
+        # A foreign client (pika) publishes garbage straight into the job's task queue.
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))  # type: ignore[attr-defined]
+        channel = connection.channel()
+        channel.confirm_delivery()
+        for body in (b"\xc1\xc1 not msgpack", b'{"json": "is not a truba task"}'):
+            channel.basic_publish("", info.queues.tasks, body, pika.BasicProperties(delivery_mode=2))
+        connection.close()
+        dead = _wait_for(lambda: broker.list_queues().get(info.queues.dead, 0) == 2)  # type: ignore[attr-defined]
+        assert dead, "the garbage did not reach the dead-letter queue"
+        outcomes = job.map(["a", "b", "c"])
+    assert [o.value for o in outcomes] == ["a", "b", "c"]
+    assert all(d.alive() for d in cluster.daemons)
+    assert "pipe.poison" in cluster.logs()
+
+
+def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return False

@@ -1,0 +1,47 @@
+from __future__ import annotations
+
+import pytest
+
+from truba.daemon.slots import SlotDied, SlotProcess
+
+
+@pytest.fixture
+async def slot() -> SlotProcess:
+    process = SlotProcess(0)
+    await process.start()
+    yield process  # type: ignore[misc]
+    await process.stop()
+
+
+async def test_slot_runs_a_handler_and_reuses_its_process(slot: SlotProcess) -> None:
+    pid = slot.pid
+    first = await slot.run("tests.handlers.basic:square", "t1", 7)
+    second = await slot.run("tests.handlers.basic:noisy", "t2", {"k": [1, 2]})
+    assert (first.ok, first.value, first.task_id) == (True, 49, "t1")
+    assert (second.ok, second.value) == (True, {"k": [1, 2]})
+    assert slot.pid == pid and slot.tasks_run == 2
+
+
+async def test_a_raising_handler_gives_an_error_with_traceback(slot: SlotProcess) -> None:
+    reply = await slot.run("tests.handlers.basic:square", "t", -1)
+    assert not reply.ok and reply.error is not None
+    assert reply.error.type == "ValueError"
+    assert "negative one" in reply.error.message
+    assert "Traceback" in reply.error.traceback and "square" in reply.error.traceback
+
+
+async def test_import_failures_and_unserializable_results_are_clear_errors(slot: SlotProcess) -> None:
+    missing = await slot.run("tests.handlers.nope:f", "t1", None)
+    assert missing.error is not None and missing.error.type == "HandlerImportError"
+    assert "tests.handlers.nope:f" in missing.error.message
+    bad = await slot.run("tests.handlers.basic:unserializable", "t2", None)
+    assert bad.error is not None and bad.error.type == "ResultNotSerializable"
+    ok = await slot.run("tests.handlers.basic:echo", "t3", "still alive")
+    assert ok.value == "still alive"
+
+
+async def test_a_crashing_handler_raises_slot_died_and_the_slot_restarts(slot: SlotProcess) -> None:
+    with pytest.raises(SlotDied, match="exited with 13"):
+        await slot.run("tests.handlers.basic:crash", "t1", None)
+    reply = await slot.run("tests.handlers.basic:echo", "t2", 5)
+    assert reply.value == 5

@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from truba.pipes.balance import BalanceSender
+from truba.pipes.errors import PipeBroken, PipeClosed
+from truba.pipes.testing import FakeSender
+
+
+async def test_balance_spreads_messages_over_senders() -> None:
+    senders = [FakeSender[int](auto_confirm=True) for _ in range(3)]
+    balanced = BalanceSender(senders, max_load=10, rng=random.Random(1))
+    for i in range(300):
+        await balanced.send(i)
+    counts = [len(s.sent) for s in senders]
+    assert sum(counts) == 300
+    assert min(counts) > 60, counts
+
+
+async def test_a_slow_sender_fills_to_its_cap_and_the_others_take_the_rest() -> None:
+    slow, fast = FakeSender[int](), FakeSender[int](auto_confirm=True)
+    balanced = BalanceSender([slow, fast], max_load=5, rng=random.Random(2))
+    for i in range(100):
+        await balanced.send(i)
+    assert len(slow.sent) == 5
+    assert len(fast.sent) == 95
+    assert balanced.unconfirmed() == slow.sent
+
+
+async def test_send_waits_when_every_sender_is_at_its_cap() -> None:
+    only = FakeSender[int]()
+    balanced = BalanceSender([only], max_load=2)
+    await balanced.send(1)
+    await balanced.send(2)
+    blocked = asyncio.create_task(balanced.send(3))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()
+    only.confirm(1)
+    await asyncio.wait_for(blocked, 1.0)
+    assert only.sent == [1, 2, 3]
+
+
+async def test_a_broken_sender_is_skipped_and_all_broken_raises_the_cause() -> None:
+    a, b = FakeSender[int](auto_confirm=True), FakeSender[int](auto_confirm=True)
+    a.fail_next(PipeBroken("a is down"))
+    balanced = BalanceSender([a, b], rng=random.Random(0))
+    for i in range(10):
+        await balanced.send(i)
+    assert b.sent == list(range(10)) or len(a.sent) + len(b.sent) == 10
+    b.fail_next(PipeBroken("b is down"))
+    a.break_(PipeBroken("a is down"))
+    with pytest.raises(PipeBroken):
+        for i in range(20):
+            await balanced.send(i)
+
+
+async def test_close_is_idempotent_and_closes_every_sender() -> None:
+    senders = [FakeSender[int](), FakeSender[int]()]
+    balanced = BalanceSender(senders)
+    await balanced.close()
+    await balanced.close()
+    assert all(s.closed for s in senders)
+    with pytest.raises(PipeClosed):
+        await balanced.send(1)

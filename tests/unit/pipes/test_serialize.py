@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import pytest
+
+from truba.pipes.errors import CodecError, PipeClosed
+from truba.pipes.serialize import deserialize, serialize
+from truba.pipes.testing import FakeListener, FakeSender
+from truba.wire import TaskCodec, TaskMessage
+
+
+async def test_serialize_sends_bytes_and_answers_unconfirmed_in_message_type() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = serialize(TaskCodec())(inner)
+    confirmation = await sender.send(TaskMessage("t1", [1, 2]))
+    assert TaskCodec().decode(inner.sent[0]) == TaskMessage("t1", [1, 2])
+    assert sender.unconfirmed() == [TaskMessage("t1", [1, 2])]
+    inner.confirm()
+    await confirmation
+    assert sender.unconfirmed() == []
+
+
+async def test_serialize_refuses_unserializable_payload_before_sending() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = serialize(TaskCodec())(inner)
+    with pytest.raises(CodecError, match="not msgpack-serializable"):
+        await sender.send(TaskMessage("t1", object()))
+    assert inner.sent == []
+
+
+async def test_deserialize_dead_letters_poison_and_returns_the_next_good_message() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = deserialize(TaskCodec())(inner)
+    inner.push(b"\xc1garbage")
+    inner.push(b"\x93\x01\xa1x")  # msgpack [1, "x"]: valid msgpack, wrong shape
+    inner.push(TaskCodec().encode(TaskMessage("t2", "ok")))
+    delivery = await listener.get(1.0)
+    assert delivery is not None and delivery.message == TaskMessage("t2", "ok")
+    # Both poison messages were rejected without requeue (to the dead-letter path).
+    assert inner.rejected == [(b"\xc1garbage", False), (b"\x93\x01\xa1x", False)]
+    await delivery.ack()
+    assert inner.acked == [TaskCodec().encode(TaskMessage("t2", "ok"))]
+
+
+async def test_deserialize_get_times_out_with_none_and_close_closes_inner() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = deserialize(TaskCodec())(inner)
+    assert await listener.get(0.01) is None
+    await listener.close()
+    assert inner.closed
+    with pytest.raises(PipeClosed):
+        await listener.get(0.01)

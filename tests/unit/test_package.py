@@ -1,0 +1,46 @@
+"""The installed layout: truba.* only, public names exported, no generic top-level modules."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "module", ["truba", "truba.pipes", "truba.scheduler", "truba.daemon", "truba.client", "truba.proto"]
+)
+def test_every_public_name_in_all_exists(module: str) -> None:
+    mod = importlib.import_module(module)
+    for name in getattr(mod, "__all__", []):
+        assert getattr(mod, name) is not None, f"{module}.{name}"
+
+
+def test_truba_exports_the_sdk() -> None:
+    import truba
+
+    assert truba.Client is importlib.import_module("truba.client").Client
+    assert callable(truba.connect)
+
+
+def test_no_generic_top_level_modules_are_installed(tmp_path: Path) -> None:
+    # Run from an empty directory so that the checkout itself is not on sys.path.
+    probe = (
+        "import importlib.util as u, json;"
+        "names = ['pipes', 'client', 'scheduler', 'daemon', 'proto', 'core', 'examples'];"
+        "print(json.dumps({n: str(getattr(u.find_spec(n), 'origin', None)) for n in names}))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True)
+    origins = json.loads(out.stdout)
+    ours = {name: origin for name, origin in origins.items() if "truba" in origin or "/work/" in origin}
+    assert ours == {}, ours
+
+
+def test_the_console_script_runs() -> None:
+    out = subprocess.run([sys.executable, "-m", "truba", "--help"], capture_output=True, text=True, check=True)
+    for command in ("scheduler", "daemon", "up", "jobs"):
+        assert command in out.stdout
