@@ -64,6 +64,7 @@ class Job(_message.Message):
     CLOSED_AT_FIELD_NUMBER: _builtins.int
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     PROBLEM_FIELD_NUMBER: _builtins.int
+    NAME_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     handler: _builtins.str
     importance: _builtins.float
@@ -78,6 +79,8 @@ class Job(_message.Message):
     finished_at: _builtins.float
     problem: _builtins.str
     """Why the job cannot run, if the scheduler knows (e.g. no daemon allows its handler)."""
+    name: _builtins.str
+    """Human name given at creation (CreateJobRequest.name); may be empty."""
     @_builtins.property
     def queues(self) -> _common_pb2.JobQueues: ...
     def __init__(
@@ -94,10 +97,11 @@ class Job(_message.Message):
         closed_at: _builtins.float = ...,
         finished_at: _builtins.float = ...,
         problem: _builtins.str = ...,
+        name: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_slots", b"assigned_slots", "closed_at", b"closed_at", "created_at", b"created_at", "finished_at", b"finished_at", "handler", b"handler", "id", b"id", "importance", b"importance", "problem", b"problem", "queues", b"queues", "state", b"state", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_slots", b"assigned_slots", "closed_at", b"closed_at", "created_at", b"created_at", "finished_at", b"finished_at", "handler", b"handler", "id", b"id", "importance", b"importance", "name", b"name", "problem", b"problem", "queues", b"queues", "state", b"state", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

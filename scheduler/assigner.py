@@ -1,0 +1,195 @@
+"""Keeps every connected daemon's assignment equal to the plan, and pushes changes at once.
+
+:meth:`Assigner.replan` runs the planner over the connected daemons and the runnable jobs and
+sends a new Assignment to each daemon whose share changed. It is called whenever an input
+changes: a daemon connected or was lost, a job was created, closed, finished or cancelled.
+
+Versions come from one counter per scheduler, seeded with the wall clock in milliseconds at
+startup, so they keep increasing across scheduler restarts. A daemon that reports an older
+applied version than it was sent for two heartbeat intervals gets the assignment again; one
+that is silent for :data:`MISSED_HEARTBEATS` intervals is dropped and the plan recomputed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import Final, final
+
+import grpc
+
+from truba.proto.v1 import daemons_pb2
+from truba.scheduler.allow import allowed
+from truba.scheduler.convert import assignment_pb
+from truba.scheduler.errors import FailedPrecondition
+from truba.scheduler.model import Job
+from truba.scheduler.planner import Assignment, job_totals, plan
+from truba.scheduler.registry import DaemonRegistry, DaemonSession
+
+log = logging.getLogger(__name__)
+
+MISSED_HEARTBEATS: Final = 3
+
+
+@final
+class Assigner:
+    """Plans slots over the connected daemons and pushes each daemon its share.
+
+    Args:
+        registry: the connected daemons.
+        jobs: returns the runnable jobs (the store is the source of truth).
+        heartbeat_interval: seconds between the heartbeats daemons are asked for.
+        clock: monotonic time, injectable for tests.
+        first_version: the version counter's start; defaults to the wall clock in ms.
+    """
+
+    def __init__(
+        self,
+        registry: DaemonRegistry,
+        jobs: Callable[[], Sequence[Job]],
+        *,
+        heartbeat_interval: float,
+        clock: Callable[[], float] = time.monotonic,
+        first_version: int | None = None,
+    ) -> None:
+        self._registry = registry
+        self._jobs = jobs
+        self.heartbeat_interval = heartbeat_interval
+        self._clock = clock
+        self._version = int(time.time() * 1000) if first_version is None else first_version
+        self._plan: Assignment = {}
+        self._totals: dict[str, int] = {}
+
+    # -- daemons -------------------------------------------------------------------------------
+
+    def connect(self, session: DaemonSession) -> None:
+        """Registers a daemon's new session (replacing an older one) and replans."""
+        replaced = self._registry.add(session)
+        info = session.info
+        log.info(
+            "sched.daemon.connected",
+            extra={
+                "daemon_id": info.daemon_id,
+                "hostname": info.hostname,
+                "slots": info.slots,
+                "allow": list(info.allow),
+                "running": session.held,
+                "replaced": replaced is not None,
+            },
+        )
+        self.replan()
+
+    def disconnect(self, session: DaemonSession, reason: str) -> None:
+        """Forgets ``session`` unless a newer one replaced it, and replans."""
+        if self._registry.remove(session):
+            log.info("sched.daemon.lost", extra={"daemon_id": session.daemon_id, "reason": reason})
+            self.replan()
+
+    def heartbeat(self, session: DaemonSession, heartbeat: daemons_pb2.Heartbeat) -> None:
+        """Notes a heartbeat; sends the assignment again if the daemon has not applied it."""
+        now = self._clock()
+        session.last_seen = now
+        session.applied_version = heartbeat.applied_version
+        stale = session.version and heartbeat.applied_version != session.version
+        if stale and now - session.sent_at >= 2 * self.heartbeat_interval:
+            log.info(
+                "sched.assign.resent",
+                extra={
+                    "daemon_id": session.daemon_id,
+                    "version": session.version,
+                    "applied_version": heartbeat.applied_version,
+                },
+            )
+            self._push(session, session.held, session.version)
+
+    def expire(self) -> None:
+        """Drops daemons silent for :data:`MISSED_HEARTBEATS` heartbeat intervals, then replans."""
+        limit = MISSED_HEARTBEATS * self.heartbeat_interval
+        lost = self._registry.silent_since(self._clock() - limit)
+        for session in lost:
+            session.close(grpc.StatusCode.UNAVAILABLE, f"no heartbeat for {limit:g}s")
+            self._registry.remove(session)
+            log.warning(
+                "sched.daemon.lost", extra={"daemon_id": session.daemon_id, "reason": "missed heartbeats"}
+            )
+        if lost:
+            self.replan()
+
+    async def watch(self) -> None:
+        """Calls :meth:`expire` twice per heartbeat interval, until cancelled."""
+        while True:
+            await asyncio.sleep(self.heartbeat_interval / 2)
+            self.expire()
+
+    # -- planning ------------------------------------------------------------------------------
+
+    def replan(self) -> None:
+        """Plans again and pushes a new assignment to every daemon whose share changed."""
+        jobs = {job.id: job for job in self._jobs() if job.runnable}
+        sessions = list(self._registry)
+        current = {s.daemon_id: s.held for s in sessions}
+        self._plan = plan((s.info.capacity for s in sessions), jobs.values(), current)
+        self._totals = job_totals(self._plan)
+        for session in sessions:
+            share = self._plan[session.daemon_id]
+            if session.version == 0 or share != session.held:
+                self._version += 1
+                log.info(
+                    "sched.assign",
+                    extra={"daemon_id": session.daemon_id, "version": self._version, "jobs": share},
+                )
+                self._push(session, share, self._version, jobs)
+
+    def _push(
+        self, session: DaemonSession, share: dict[str, int], version: int, jobs: dict[str, Job] | None = None
+    ) -> None:
+        if jobs is None:
+            jobs = {job.id: job for job in self._jobs() if job.id in share}
+        session.send(assignment_pb(version, share, jobs))
+        session.held = share
+        session.version = version
+        session.sent_at = self._clock()
+
+    # -- views ---------------------------------------------------------------------------------
+
+    def slots_of(self, job_id: str) -> int:
+        """Slots the job holds now, over all daemons."""
+        return self._totals.get(job_id, 0)
+
+    @property
+    def daemon_count(self) -> int:
+        return len(self._registry)
+
+    @property
+    def total_slots(self) -> int:
+        return self._registry.total_slots
+
+    def check_allowed(self, handler: str) -> None:
+        """Refuses a handler that no connected daemon allows (no daemon connected: no opinion).
+
+        Raises:
+            FailedPrecondition: daemons are connected and none of them allows ``handler``.
+        """
+        sessions = list(self._registry)
+        if sessions and not any(allowed(handler, s.info.allow) for s in sessions):
+            raise FailedPrecondition(
+                f"handler {handler!r} is not allowed by any connected daemon{self._patterns()}"
+            )
+
+    def problem_of(self, job: Job) -> str:
+        """Why a runnable job has no slots, as far as the scheduler can tell ("" if it has some)."""
+        if not job.runnable or self.slots_of(job.id):
+            return ""
+        sessions = list(self._registry)
+        if not sessions:
+            return "no daemon is connected"
+        allowing = sum(allowed(job.handler, s.info.allow) for s in sessions)
+        if not allowing:
+            return f"handler {job.handler!r} is not allowed by any connected daemon{self._patterns()}"
+        return f"no free slot on the {allowing} daemon(s) that allow handler {job.handler!r}"
+
+    def _patterns(self) -> str:
+        patterns = sorted({p for s in self._registry for p in s.info.allow})
+        return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"

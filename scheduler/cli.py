@@ -1,0 +1,109 @@
+"""``truba scheduler``: run the scheduler until SIGINT or SIGTERM.
+
+Once serving it prints one line to stdout, ``truba scheduler listening on HOST:PORT``, so that
+wrappers (``truba up``, tests, init scripts) can wait for it; logs go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from truba import logs
+from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE = 5.0
+"""Seconds in-flight calls get to finish on SIGINT/SIGTERM."""
+
+
+def default_state_dir() -> Path:
+    """``$XDG_STATE_HOME/truba/scheduler``, or ``~/.local/state/truba/scheduler``."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "truba" / "scheduler"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Adds the ``scheduler`` subcommand; its ``func`` runs the scheduler and returns an exit code."""
+    parser = subparsers.add_parser(
+        "scheduler",
+        help="run the scheduler",
+        description="Run the truba scheduler: jobs, daemons and their assignments, over gRPC.",
+    )
+    parser.add_argument(
+        "--listen",
+        default=DEFAULT_LISTEN,
+        metavar="HOST:PORT",
+        help=f"address to serve on; port 0 picks a free one (default: {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--broker",
+        dest="brokers",
+        action="append",
+        required=True,
+        metavar="AMQP_URL",
+        help="a data-plane RabbitMQ broker, e.g. amqp://guest:guest@127.0.0.1:5672/; repeatable",
+    )
+    parser.add_argument(
+        "--state",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="directory of the job store (default: $XDG_STATE_HOME/truba/scheduler)",
+    )
+    parser.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between daemon heartbeats; 3 missed ones drop a daemon (default: 2)",
+    )
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    parser.set_defaults(func=main)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Runs the scheduler described by ``args`` until SIGINT/SIGTERM; returns the exit code."""
+    logs.setup(args.log_level, args.log_format)
+    try:
+        config = SchedulerConfig(
+            brokers=args.brokers,
+            state_dir=args.state or default_state_dir(),
+            listen=args.listen,
+            heartbeat_interval=args.heartbeat_interval,
+        )
+    except ValueError as exc:
+        log.error("sched.bad_args", extra={"error": str(exc)})
+        print(f"truba scheduler: {exc}", file=sys.stderr)
+        return 2
+    return asyncio.run(_serve(config))
+
+
+async def _serve(config: SchedulerConfig) -> int:
+    scheduler = Scheduler(config)
+    try:
+        await scheduler.start()
+    except RuntimeError as exc:  # cannot bind, or the state directory is in use
+        log.error("sched.start_failed", extra={"error": str(exc)})
+        print(f"truba scheduler: {exc}", file=sys.stderr)
+        return 1
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        print(f"truba scheduler listening on {scheduler.address}", flush=True)
+        await stop.wait()
+        log.info("sched.stopping", extra={"grace": STOP_GRACE})
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)
+        await scheduler.stop(STOP_GRACE)
+    return 0

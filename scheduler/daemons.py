@@ -1,0 +1,121 @@
+"""DaemonService.Connect: the stream over which a daemon and the scheduler converge.
+
+The daemon sends Hello first; the scheduler answers Welcome (brokers, heartbeat interval), then
+an Assignment, then a new Assignment whenever the daemon's share changes. The daemon sends
+Heartbeats; a reader task hands them to the :class:`~truba.scheduler.assigner.Assigner` while
+the handler writes the session's outbox to the stream.
+
+How a stream ends:
+
+- the daemon ends its side: OK, and the daemon is forgotten;
+- a second Connect with the same daemon id: the first ends with ABORTED;
+- no heartbeat for 3 intervals: UNAVAILABLE (the assigner's watchdog closes it);
+- no valid Hello within 3 intervals: INVALID_ARGUMENT naming the field.
+
+In every case the plan is recomputed at once without the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import final
+
+import grpc
+import grpc.aio
+
+from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
+from truba.scheduler.assigner import MISSED_HEARTBEATS, Assigner
+from truba.scheduler.brokers import BrokerInfo
+from truba.scheduler.convert import welcome_pb
+from truba.scheduler.errors import InvalidArgument, SchedulerError
+from truba.scheduler.registry import DaemonInfo, DaemonSession
+from truba.scheduler.validate import check_daemon_id, check_slots
+
+log = logging.getLogger(__name__)
+
+Context = grpc.aio.ServicerContext[daemons_pb2.DaemonMessage, daemons_pb2.SchedulerMessage]
+
+
+@final
+class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
+    """Serves ``truba.v1.DaemonService``."""
+
+    def __init__(
+        self,
+        assigner: Assigner,
+        brokers: Sequence[BrokerInfo],
+        *,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._assigner = assigner
+        self._brokers = tuple(brokers)
+        self._clock = clock
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[daemons_pb2.DaemonMessage], context: Context
+    ) -> AsyncIterator[daemons_pb2.SchedulerMessage]:
+        try:
+            session = await self._hello(request_iterator)
+        except SchedulerError as exc:
+            log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
+            await context.abort(exc.code, str(exc))
+        session.send(welcome_pb(self._brokers, self._assigner.heartbeat_interval))
+        self._assigner.connect(session)
+        reader = asyncio.create_task(
+            self._read(request_iterator, session), name=f"daemon-{session.daemon_id}"
+        )
+        try:
+            async for message in session.messages():
+                yield message
+        finally:
+            reader.cancel()
+            reason = session.end[1] if session.end else "stream cancelled"
+            self._assigner.disconnect(session, reason)
+        code, details = session.end or (grpc.StatusCode.OK, "")
+        if code is not grpc.StatusCode.OK:
+            await context.abort(code, details)
+
+    async def _hello(self, requests: AsyncIterator[daemons_pb2.DaemonMessage]) -> DaemonSession:
+        timeout = MISSED_HEARTBEATS * self._assigner.heartbeat_interval
+        try:
+            first = await asyncio.wait_for(anext(requests), timeout)
+        except StopAsyncIteration:
+            raise InvalidArgument("hello", "required: the stream ended before it") from None
+        except TimeoutError:
+            raise InvalidArgument(
+                "hello", f"required as the first message, none within {timeout:g}s"
+            ) from None
+        if not first.HasField("hello"):
+            raise InvalidArgument("hello", f"required as the first message, got {first.WhichOneof('kind')}")
+        hello = first.hello
+        info = DaemonInfo(
+            daemon_id=check_daemon_id(hello.daemon_id),
+            slots=check_slots(hello.slots),
+            allow=tuple(hello.allow),
+            hostname=hello.hostname,
+            pid=hello.pid,
+            version=hello.version,
+        )
+        held = {running.job_id: running.slots for running in hello.running if running.slots > 0}
+        return DaemonSession(info, held, self._clock())
+
+    async def _read(self, requests: AsyncIterator[daemons_pb2.DaemonMessage], session: DaemonSession) -> None:
+        try:
+            async for message in requests:
+                if message.HasField("heartbeat"):
+                    self._assigner.heartbeat(session, message.heartbeat)
+                else:
+                    log.warning(
+                        "sched.daemon.unexpected_message",
+                        extra={"daemon_id": session.daemon_id, "kind": message.WhichOneof("kind")},
+                    )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the stream broke under us: the daemon is gone
+            log.info("sched.daemon.stream_broken", extra={"daemon_id": session.daemon_id, "error": repr(exc)})
+            session.close(grpc.StatusCode.CANCELLED, f"stream broken: {type(exc).__name__}")
+        else:
+            session.close(grpc.StatusCode.OK, "the daemon ended its stream")

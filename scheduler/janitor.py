@@ -1,0 +1,150 @@
+"""Keeps the brokers' queues in line with the jobs: deletes stale queues, restores missing ones.
+
+- **Delete.** A job id in the store's stale ledger (see :mod:`truba.scheduler.store`) has queues
+  that must go. :meth:`QueueJanitor.reap` deletes them on every broker in the background,
+  retrying each broker with capped exponential backoff until it succeeds, and only then removes
+  the id from the ledger. A broker that stays down is retried forever and logged at every
+  attempt: a queue left behind is never forgotten, and after a restart :meth:`resume` picks the
+  ledger up again.
+- **Restore.** At startup, :meth:`restore` declares the queues of every runnable job once on each
+  broker (idempotent), so a broker that was added or lost its data gets them back. A broker that
+  fails is skipped with a warning. Deletions wait for this pass, so it cannot re-create a queue
+  that a FinishJob just deleted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Iterable
+from typing import final
+
+from truba.pipes.errors import PipeError
+from truba.scheduler.brokers import Broker, Brokers
+from truba.scheduler.model import job_queues
+from truba.scheduler.store import JobStore
+
+log = logging.getLogger(__name__)
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+@final
+class QueueJanitor:
+    """Deletes stale job queues on every broker until done; restores runnable jobs' queues."""
+
+    def __init__(
+        self,
+        brokers: Brokers,
+        store: JobStore,
+        *,
+        first_delay: float = 0.5,
+        max_delay: float = 30.0,
+        sleep: Sleep = asyncio.sleep,
+    ) -> None:
+        self._brokers = brokers
+        self._store = store
+        self._first_delay = first_delay
+        self._max_delay = max_delay
+        self._sleep = sleep
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._restoring: asyncio.Task[None] | None = None
+
+    def pending(self) -> set[str]:
+        """Job ids whose queues are still being deleted."""
+        return set(self._tasks)
+
+    def reap(self, job_id: str) -> asyncio.Task[None]:
+        """Starts deleting ``job_id``'s queues everywhere (or returns the deletion under way).
+
+        The id must already be in the stale ledger; the task removes it when every broker is done.
+        """
+        task = self._tasks.get(job_id)
+        if task is None:
+            task = asyncio.create_task(self._reap(job_id), name=f"reap-{job_id}")
+            self._tasks[job_id] = task
+            task.add_done_callback(lambda _: self._tasks.pop(job_id, None))
+        return task
+
+    async def reap_within(self, job_id: str, timeout: float) -> bool:
+        """Like :meth:`reap`, then waits up to ``timeout`` seconds; True if the queues are gone.
+
+        The deletion goes on in the background after a timeout (or if the caller is cancelled).
+        """
+        task = self.reap(job_id)
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        return bool(done)
+
+    def resume(self) -> None:
+        """Restarts the deletion of every job in the stale ledger (at startup)."""
+        for job_id in self._store.stale():
+            self.reap(job_id)
+
+    def restore(self, job_ids: Iterable[str]) -> None:
+        """Declares the queues of ``job_ids`` once on every broker, in the background."""
+        ids = list(job_ids)
+        if ids:
+            self._restoring = asyncio.create_task(self._restore(ids), name="restore-queues")
+
+    async def _restore(self, job_ids: list[str]) -> None:
+        await asyncio.gather(*(self._restore_on(broker, job_ids) for broker in self._brokers.all))
+
+    async def _restore_on(self, broker: Broker, job_ids: list[str]) -> None:
+        for done, job_id in enumerate(job_ids):
+            try:
+                await broker.declare(job_queues(job_id))
+            except PipeError as exc:
+                # The broker is down or slow: one timeout is enough, skip the rest of the jobs.
+                log.warning(
+                    "sched.queues.restore_failed",
+                    extra={"broker": broker.info.name, "jobs_left": len(job_ids) - done, "error": str(exc)},
+                )
+                return
+        log.info("sched.queues.restored", extra={"broker": broker.info.name, "jobs": len(job_ids)})
+
+    async def _reap(self, job_id: str) -> None:
+        if self._restoring is not None:
+            await asyncio.wait({self._restoring})
+        await asyncio.gather(*(self._reap_on(broker, job_id) for broker in self._brokers.all))
+        self._store.forget_stale(job_id)
+        log.info("sched.queues.deleted", extra={"job_id": job_id})
+
+    async def _reap_on(self, broker: Broker, job_id: str) -> None:
+        queues = job_queues(job_id)
+        attempt = 0
+        while True:
+            try:
+                await broker.delete(queues)
+            except PipeError as exc:
+                attempt += 1
+                delay = min(self._max_delay, self._first_delay * 2 ** (attempt - 1))
+                delay *= random.uniform(0.8, 1.2)  # brokers coming back are not hit in lockstep
+                log.warning(
+                    "sched.queues.delete_failed",
+                    extra={
+                        "job_id": job_id,
+                        "broker": broker.info.name,
+                        "queues": list(queues.all()),
+                        "attempt": attempt,
+                        "retry_in": round(delay, 2),
+                        "error": f"{type(exc).__name__}: {exc}",
+                    },
+                )
+                await self._sleep(delay)
+            else:
+                if attempt:
+                    log.info(
+                        "sched.queues.delete_recovered", extra={"job_id": job_id, "broker": broker.info.name}
+                    )
+                return
+
+    async def close(self) -> None:
+        """Stops the background work; the stale ledger keeps what is left for the next start."""
+        postponed = sorted(job_id for job_id, task in self._tasks.items() if not task.done())
+        tasks = [*self._tasks.values(), *([self._restoring] if self._restoring else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if postponed:
+            log.warning("sched.queues.delete_postponed", extra={"jobs": postponed})

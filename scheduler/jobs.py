@@ -1,0 +1,134 @@
+"""JobService: the gRPC face of :class:`~truba.scheduler.lifecycle.JobLifecycle`.
+
+Each method converts the request, calls the lifecycle and converts the answer. Refusals are
+:class:`~truba.scheduler.errors.SchedulerError`s, turned into a status by ``reports_errors``:
+INVALID_ARGUMENT with the field name first, NOT_FOUND, FAILED_PRECONDITION, UNAVAILABLE.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TypeVar, final
+
+import grpc.aio
+
+from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
+from truba.scheduler.assigner import Assigner
+from truba.scheduler.brokers import BrokerInfo
+from truba.scheduler.convert import brokers_pb, job_pb
+from truba.scheduler.errors import SchedulerError
+from truba.scheduler.lifecycle import JobLifecycle
+from truba.scheduler.model import Job
+
+log = logging.getLogger(__name__)
+
+
+S = TypeVar("S")
+Req = TypeVar("Req")
+Resp = TypeVar("Resp")
+Method = Callable[[S, Req, "grpc.aio.ServicerContext[Req, Resp]"], Awaitable[Resp]]
+
+
+def reports_errors(method: Method[S, Req, Resp]) -> Method[S, Req, Resp]:
+    """Wraps a unary servicer method: a :class:`SchedulerError` ends the call with its status.
+
+    Anything else is a bug (or a broken store): it is logged with its traceback and the call
+    ends with INTERNAL.
+    """
+
+    @functools.wraps(method)
+    async def wrapper(self: S, request: Req, context: grpc.aio.ServicerContext[Req, Resp]) -> Resp:
+        try:
+            return await method(self, request, context)
+        except SchedulerError as exc:
+            log.info(
+                "sched.request.refused",
+                extra={"method": method.__name__, "code": exc.code.name, "details": str(exc)},
+            )
+            await context.abort(exc.code, str(exc))
+        except grpc.aio.AbortError:
+            raise
+        except Exception as exc:  # a bug or a broken store: say so, keep the traceback in the log
+            log.exception("sched.request.failed", extra={"method": method.__name__, "error": repr(exc)})
+            await context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+
+    return wrapper
+
+
+@final
+class JobServicer(jobs_pb2_grpc.JobServiceServicer):
+    """Serves ``truba.v1.JobService``."""
+
+    def __init__(self, lifecycle: JobLifecycle, assigner: Assigner, brokers: Sequence[BrokerInfo]) -> None:
+        self._jobs = lifecycle
+        self._assigner = assigner
+        self._brokers = tuple(brokers)
+
+    def _pb(self, job: Job) -> jobs_pb2.Job:
+        return job_pb(
+            job, assigned_slots=self._assigner.slots_of(job.id), problem=self._assigner.problem_of(job)
+        )
+
+    @reports_errors
+    async def CreateJob(
+        self,
+        request: jobs_pb2.CreateJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.CreateJobRequest, jobs_pb2.CreateJobResponse],
+    ) -> jobs_pb2.CreateJobResponse:
+        job = await self._jobs.create(request.handler, request.importance, request.name)
+        return jobs_pb2.CreateJobResponse(job=self._pb(job), brokers=brokers_pb(self._brokers))
+
+    @reports_errors
+    async def CloseJob(
+        self,
+        request: jobs_pb2.CloseJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.CloseJobRequest, jobs_pb2.Job],
+    ) -> jobs_pb2.Job:
+        return self._pb(self._jobs.close(request.job_id, request.submitted))
+
+    @reports_errors
+    async def FinishJob(
+        self,
+        request: jobs_pb2.FinishJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.FinishJobRequest, jobs_pb2.Job],
+    ) -> jobs_pb2.Job:
+        return self._pb(await self._jobs.finish(request.job_id))
+
+    @reports_errors
+    async def CancelJob(
+        self,
+        request: jobs_pb2.CancelJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.CancelJobRequest, jobs_pb2.Job],
+    ) -> jobs_pb2.Job:
+        return self._pb(await self._jobs.cancel(request.job_id))
+
+    @reports_errors
+    async def GetJob(
+        self,
+        request: jobs_pb2.GetJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.GetJobRequest, jobs_pb2.Job],
+    ) -> jobs_pb2.Job:
+        return self._pb(self._jobs.get(request.job_id))
+
+    @reports_errors
+    async def ListJobs(
+        self,
+        request: jobs_pb2.ListJobsRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ListJobsRequest, jobs_pb2.ListJobsResponse],
+    ) -> jobs_pb2.ListJobsResponse:
+        jobs = self._jobs.list(include_done=request.include_done)
+        return jobs_pb2.ListJobsResponse(jobs=[self._pb(job) for job in jobs])
+
+    @reports_errors
+    async def GetClusterInfo(
+        self,
+        request: jobs_pb2.GetClusterInfoRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.GetClusterInfoRequest, jobs_pb2.ClusterInfo],
+    ) -> jobs_pb2.ClusterInfo:
+        return jobs_pb2.ClusterInfo(
+            brokers=brokers_pb(self._brokers),
+            daemons=self._assigner.daemon_count,
+            slots=self._assigner.total_slots,
+        )

@@ -1,0 +1,183 @@
+"""A job's lifecycle: create, close, finish, cancel; the rules between states.
+
+::
+
+    create ──▶ OPEN ──close──▶ CLOSED ──finish──▶ FINISHED
+                 │  └──────────finish─────────────▲
+                 └──────cancel──────▶ CANCELLED ◀──cancel── CLOSED
+
+- **Create** is all or nothing. The id enters the store's stale ledger first, then the queues
+  are declared on every broker, then the job is stored (which takes the id off the ledger). If
+  a broker fails, the request fails with UNAVAILABLE naming it, no job is stored, and the
+  janitor deletes whatever was declared; a crash in between leaves the id in the ledger, so the
+  next start deletes it too.
+- **Close** records the client's task count; closing a closed job again with the same count is
+  a no-op. **Finish** and **cancel** end the job, put its id on the stale ledger in the same
+  transaction and have the janitor delete its queues (waiting a little, so in the common case
+  they are gone when the call returns). Repeating the same end is a no-op; any other change to
+  an ended job is FAILED_PRECONDITION. Finishing an open job is allowed: the client says it
+  has every outcome it will wait for.
+
+Every change replans at once, so daemons learn of it without waiting for a heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import final
+
+from truba.scheduler.assigner import Assigner
+from truba.scheduler.brokers import Brokers
+from truba.scheduler.errors import FailedPrecondition, NotFound
+from truba.scheduler.janitor import QueueJanitor
+from truba.scheduler.model import Job, JobIds, JobState
+from truba.scheduler.store import JobStore
+from truba.scheduler.validate import (
+    check_handler,
+    check_importance,
+    check_job_id,
+    check_name,
+    check_submitted,
+)
+
+log = logging.getLogger(__name__)
+
+
+@final
+class JobLifecycle:
+    """Creates jobs and moves them between states; the store, brokers and plan follow.
+
+    Args:
+        delete_wait: how long finish/cancel wait for the queues to be deleted before answering
+            (the deletion goes on in the background after that).
+    """
+
+    def __init__(
+        self,
+        store: JobStore,
+        brokers: Brokers,
+        janitor: QueueJanitor,
+        assigner: Assigner,
+        *,
+        ids: JobIds | None = None,
+        clock: Callable[[], float] = time.time,
+        delete_wait: float = 5.0,
+    ) -> None:
+        self._store = store
+        self._brokers = brokers
+        self._janitor = janitor
+        self._assigner = assigner
+        self._ids = ids or JobIds(clock)
+        self._clock = clock
+        self._delete_wait = delete_wait
+
+    async def create(self, handler: str, importance: float, name: str = "") -> Job:
+        """Creates an open job with its queues on every broker.
+
+        Raises:
+            InvalidArgument: a malformed handler, importance or name.
+            FailedPrecondition: daemons are connected and none allows ``handler``.
+            Unavailable: a broker failed; nothing was created.
+        """
+        handler = check_handler(handler)
+        importance = check_importance(importance)
+        name = check_name(name)
+        self._assigner.check_allowed(handler)
+        job = Job(
+            id=self._ids.new(),
+            name=name,
+            handler=handler,
+            importance=importance,
+            state=JobState.OPEN,
+            created_at=self._clock(),
+        )
+        self._store.reserve(job.id)
+        try:
+            await self._brokers.declare(job.queues)
+        except BaseException as exc:  # also a cancelled request: never leave queues behind
+            log.warning("sched.job.create_failed", extra={"job_id": job.id, "error": str(exc) or repr(exc)})
+            self._janitor.reap(job.id)
+            raise
+        self._store.insert(job)
+        log.info(
+            "sched.job.created",
+            extra={"job_id": job.id, "handler": handler, "importance": importance, "job_name": name},
+        )
+        self._assigner.replan()
+        return job
+
+    def get(self, job_id: str) -> Job:
+        """The job.
+
+        Raises:
+            InvalidArgument: an empty or malformed id.
+            NotFound: no such job.
+        """
+        job = self._store.get(check_job_id(job_id))
+        if job is None:
+            raise NotFound(f"job {job_id!r} not found")
+        return job
+
+    def list(self, *, include_done: bool = False) -> Sequence[Job]:
+        """Runnable jobs (or all), oldest first."""
+        return self._store.list(include_done=include_done)
+
+    def close(self, job_id: str, submitted: int) -> Job:
+        """No more tasks: records the client's task count.
+
+        Raises:
+            InvalidArgument, NotFound: as :meth:`get`, or a count too large to store.
+            FailedPrecondition: the job ended, or was closed with another count.
+        """
+        submitted = check_submitted(submitted)
+        job = self.get(job_id)
+        if job.state is JobState.CLOSED:
+            if job.submitted != submitted:
+                raise FailedPrecondition(
+                    f"job {job.id!r} is already closed with submitted={job.submitted}, got {submitted}"
+                )
+            return job
+        if job.state is not JobState.OPEN:
+            raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: it cannot be closed")
+        job = replace(job, state=JobState.CLOSED, submitted=submitted, closed_at=self._clock())
+        self._store.update(job)
+        log.info("sched.job.closed", extra={"job_id": job.id, "submitted": submitted})
+        self._assigner.replan()
+        return job
+
+    async def finish(self, job_id: str) -> Job:
+        """The client has every outcome: deletes the job's queues; the job is FINISHED.
+
+        Raises:
+            InvalidArgument, NotFound: as :meth:`get`.
+            FailedPrecondition: the job was cancelled.
+        """
+        return await self._end(job_id, JobState.FINISHED)
+
+    async def cancel(self, job_id: str) -> Job:
+        """Stops the job at once and deletes its queues; the job is CANCELLED.
+
+        Raises:
+            InvalidArgument, NotFound: as :meth:`get`.
+            FailedPrecondition: the job finished.
+        """
+        return await self._end(job_id, JobState.CANCELLED)
+
+    async def _end(self, job_id: str, state: JobState) -> Job:
+        job = self.get(job_id)
+        if job.state is state:
+            return job  # a repeated call; a deletion still under way goes on in the background
+        if not job.runnable:
+            verb = "finished" if state is JobState.FINISHED else "cancelled"
+            raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: it cannot be {verb}")
+        job = replace(job, state=state, finished_at=self._clock())
+        self._store.update(job, delete_queues=True)
+        event = "sched.job.finished" if state is JobState.FINISHED else "sched.job.cancelled"
+        log.info(event, extra={"job_id": job.id, "submitted": job.submitted})
+        self._assigner.replan()
+        if not await self._janitor.reap_within(job.id, self._delete_wait):
+            log.warning("sched.job.queues_pending", extra={"job_id": job.id, "waited": self._delete_wait})
+        return job

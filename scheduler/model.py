@@ -1,0 +1,113 @@
+"""The scheduler's job record, its states, its id and the names of its queues.
+
+Everything here is plain data with no I/O: the store persists :class:`Job`, the planner reads it,
+the gRPC layer converts it to ``truba.v1.Job``.
+"""
+
+from __future__ import annotations
+
+import enum
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Final, final
+
+_BASE36: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
+_EPOCH: Final = 1_704_067_200.0
+"""2024-01-01T00:00:00Z: job ids count milliseconds from here."""
+_TIME_DIGITS: Final = 8
+"""Base-36 digits of the millisecond clock: 36**8 ms from the epoch last until the year 2113."""
+_RANDOM_DIGITS: Final = 4
+
+
+class JobState(enum.Enum):
+    """A job's lifecycle, as ``truba.v1.JobState``: OPEN → CLOSED → FINISHED, or → CANCELLED."""
+
+    OPEN = "OPEN"
+    CLOSED = "CLOSED"
+    FINISHED = "FINISHED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def runnable(self) -> bool:
+        """Open and closed jobs still have tasks to run and get slots."""
+        return self in (JobState.OPEN, JobState.CLOSED)
+
+
+@dataclass(frozen=True)
+class JobQueues:
+    """Names of one job's queues; each exists once on every broker."""
+
+    tasks: str
+    results: str
+    dead: str
+
+    def all(self) -> tuple[str, str, str]:
+        """The three names, dead-letter queue first (the other two dead-letter into it)."""
+        return (self.dead, self.tasks, self.results)
+
+
+def job_queues(job_id: str) -> JobQueues:
+    """The queue names of job ``job_id``: the one place that spells them."""
+    prefix = f"truba.job.{job_id}"
+    return JobQueues(tasks=f"{prefix}.tasks", results=f"{prefix}.results", dead=f"{prefix}.dead")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as the scheduler keeps it. Timestamps are Unix seconds; None until reached."""
+
+    id: str
+    handler: str
+    importance: float
+    state: JobState
+    created_at: float
+    name: str = ""
+    submitted: int = 0
+    closed_at: float | None = None
+    finished_at: float | None = None
+    problem: str = ""
+
+    @property
+    def queues(self) -> JobQueues:
+        return job_queues(self.id)
+
+    @property
+    def runnable(self) -> bool:
+        return self.state.runnable
+
+
+def _base36(value: int, width: int) -> str:
+    digits = []
+    for _ in range(width):
+        value, digit = divmod(value, 36)
+        digits.append(_BASE36[digit])
+    if value:
+        raise ValueError(f"{value} does not fit in {width} base-36 digits")
+    return "".join(reversed(digits))
+
+
+@final
+class JobIds:
+    """Makes job ids: 8 base-36 digits of milliseconds since 2024, then 4 random ones.
+
+    Ids match ``[a-z0-9]+``, are 12 characters long and sort by creation: within one process
+    strictly (the clock part never repeats or goes back), across restarts as far as the wall
+    clock does. The random part keeps two schedulers' (or a clock step back's) ids apart.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.time,
+        randbelow: Callable[[int], int] = secrets.randbelow,
+    ) -> None:
+        self._clock = clock
+        self._randbelow = randbelow
+        self._last_ms = -1
+
+    def new(self) -> str:
+        """A fresh id, greater than every id this instance made before."""
+        ms = max(int((self._clock() - _EPOCH) * 1000), self._last_ms + 1, 0)
+        self._last_ms = ms
+        return _base36(ms, _TIME_DIGITS) + _base36(self._randbelow(36**_RANDOM_DIGITS), _RANDOM_DIGITS)

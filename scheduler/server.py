@@ -1,0 +1,228 @@
+"""The scheduler process: its configuration and the gRPC server that wires the parts together.
+
+:class:`Scheduler` opens the store in the state directory (locked, so one scheduler owns it),
+serves ``truba.v1.JobService``, ``truba.v1.DaemonService`` and the standard
+``grpc.health.v1.Health`` service, resumes the deletion of stale queues, restores the queues of
+runnable jobs, and watches daemon heartbeats. It can be stopped and started again on the same
+state directory at any moment: jobs survive, daemons reconnect and report what they run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import logging
+import os
+from collections.abc import Coroutine, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Final, final
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
+
+from truba.pipes.rabbit import redact
+from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from truba.scheduler.assigner import Assigner
+from truba.scheduler.brokers import Brokers
+from truba.scheduler.daemons import DaemonServicer
+from truba.scheduler.janitor import QueueJanitor
+from truba.scheduler.jobs import JobServicer
+from truba.scheduler.lifecycle import JobLifecycle
+from truba.scheduler.registry import DaemonRegistry
+from truba.scheduler.store import SqliteJobStore
+
+log = logging.getLogger(__name__)
+
+DEFAULT_LISTEN: Final = "127.0.0.1:50051"
+"""Loopback by default: the API has no authentication yet, so exposing it is an explicit choice."""
+STORE_FILE: Final = "scheduler.sqlite3"
+LOCK_FILE: Final = "scheduler.lock"
+SERVICES: Final = (
+    jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
+    daemons_pb2.DESCRIPTOR.services_by_name["DaemonService"].full_name,
+)
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """How to run a scheduler.
+
+    Attributes:
+        brokers: AMQP URLs of the data-plane brokers, at least one; named b0, b1, ... in order.
+        state_dir: directory of the SQLite store (created if missing).
+        listen: ``HOST:PORT`` to serve on; port 0 picks a free port (see :attr:`Scheduler.port`).
+        heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
+        broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
+        delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
+    """
+
+    brokers: Sequence[str]
+    state_dir: Path
+    listen: str = DEFAULT_LISTEN
+    heartbeat_interval: float = 2.0
+    broker_timeout: float = 10.0
+    delete_wait: float = 5.0
+    grpc_options: Sequence[tuple[str, int | str]] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "brokers", tuple(self.brokers))
+        object.__setattr__(self, "state_dir", Path(self.state_dir))
+        if not self.brokers:
+            raise ValueError("brokers: at least one AMQP URL is required")
+        if not self.heartbeat_interval > 0:
+            raise ValueError(f"heartbeat_interval: must be > 0, got {self.heartbeat_interval}")
+        if not self.broker_timeout > 0:
+            raise ValueError(f"broker_timeout: must be > 0, got {self.broker_timeout}")
+        host, colon, port = self.listen.rpartition(":")
+        if not (host and colon and port.isdigit()):
+            raise ValueError(f"listen: must look like HOST:PORT, got {self.listen!r}")
+
+
+@final
+class Scheduler:
+    """The scheduler server: ``await start()``, then ``await stop()`` (or ``async with``).
+
+    Raises (from start):
+        RuntimeError: the listen address cannot be bound, or another scheduler holds the state
+            directory.
+    """
+
+    def __init__(self, config: SchedulerConfig) -> None:
+        self.config = config
+        self._port: int | None = None
+        self._stack = contextlib.AsyncExitStack()
+        self._registry = DaemonRegistry()
+        self._health = health_aio.HealthServicer()
+        self._grace: float | None = 5.0
+        self._started = False
+
+    @property
+    def port(self) -> int:
+        """The port being served (the real one when ``listen`` asked for port 0)."""
+        if self._port is None:
+            raise RuntimeError("the scheduler is not started")
+        return self._port
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` being served, for clients and daemons."""
+        return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
+
+    async def start(self) -> None:
+        """Binds, starts serving and returns; stops what it opened if that fails."""
+        if self._started:
+            raise RuntimeError("a Scheduler starts once; make a new one to start again")
+        self._started = True
+        try:
+            await self._start()
+        except BaseException:
+            await self._stack.aclose()
+            raise
+
+    async def _start(self) -> None:
+        config = self.config
+        stack = self._stack
+        config.state_dir.mkdir(parents=True, exist_ok=True)
+        stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
+        store = SqliteJobStore(config.state_dir / STORE_FILE)
+        stack.callback(store.close)
+        brokers = Brokers(config.brokers, timeout=config.broker_timeout)
+        stack.push_async_callback(brokers.close)
+        janitor = QueueJanitor(brokers, store)
+        stack.push_async_callback(janitor.close)
+        assigner = Assigner(self._registry, store.list, heartbeat_interval=config.heartbeat_interval)
+        lifecycle = JobLifecycle(store, brokers, janitor, assigner, delete_wait=config.delete_wait)
+
+        # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
+        # share its traffic instead of failing to bind.
+        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *config.grpc_options])
+        jobs_pb2_grpc.add_JobServiceServicer_to_server(
+            JobServicer(lifecycle, assigner, brokers.infos), server
+        )
+        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
+        port = server.add_insecure_port(config.listen)
+        await server.start()
+        stack.push_async_callback(self._stop_server, server)
+
+        for service in ("", *SERVICES):
+            await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
+        runnable = store.list()
+        janitor.resume()
+        janitor.restore(job.id for job in runnable)
+        _background(assigner.watch(), stack, name="heartbeat-watchdog")
+        self._port = port
+        log.info(
+            "sched.started",
+            extra={
+                "listen": self.address,
+                "brokers": [redact(url) for url in config.brokers],
+                "state_dir": str(config.state_dir),
+                "jobs": len(runnable),
+                "stale_queues": len(janitor.pending()),
+            },
+        )
+
+    async def _stop_server(self, server: grpc.aio.Server) -> None:
+        await self._health.enter_graceful_shutdown()
+        # Daemon streams live forever: end them now rather than after the grace period.
+        for session in self._registry:
+            session.close(grpc.StatusCode.UNAVAILABLE, "the scheduler is shutting down")
+        await server.stop(self._grace)
+
+    async def stop(self, grace: float | None = 5.0) -> None:
+        """Stops serving (in-flight calls get ``grace`` seconds), then closes everything. Idempotent."""
+        self._grace = grace
+        await self._stack.aclose()
+        if self._port is not None:
+            log.info("sched.stopped", extra={"listen": self.address})
+            self._port = None
+
+    async def __aenter__(self) -> Scheduler:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+
+def _background(
+    coroutine: Coroutine[None, None, None], stack: contextlib.AsyncExitStack, *, name: str
+) -> asyncio.Task[None]:
+    """Runs ``coroutine`` as a task that ``stack`` cancels and awaits when it closes."""
+    task = asyncio.create_task(coroutine, name=name)
+
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    stack.push_async_callback(cancel)
+    return task
+
+
+@contextlib.contextmanager
+def _exclusive(path: Path) -> Iterator[IO[str]]:
+    """Holds an exclusive lock on ``path`` (with our pid in it) for the block."""
+    handle = path.open("a+")
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "?"
+            raise RuntimeError(f"{path.parent} is in use by another scheduler (pid {owner})") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        yield handle
+    finally:
+        handle.close()  # closing releases the lock

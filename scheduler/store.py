@@ -1,0 +1,196 @@
+"""Where the scheduler keeps its jobs: the :class:`JobStore` interface and its SQLite implementation.
+
+Besides the jobs, a store keeps a ledger of *stale queues*: job ids whose queues may still exist
+on some broker although no live job owns them. An id enters the ledger before its queues are
+declared (:meth:`JobStore.reserve`) or in the same transaction that ends its job
+(:meth:`JobStore.update` with ``delete_queues``), and leaves it only once every broker has
+deleted them (:meth:`JobStore.forget_stale`). A crash at any point therefore leaves the ledger
+naming every queue that may be left behind, and a restarted scheduler deletes them.
+
+The store is synchronous: each call is one short SQLite transaction on the event loop's thread,
+so the scheduler's read-modify-write sequences need no locks.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final, Protocol, final
+
+from truba.scheduler.model import Job, JobState
+
+SCHEMA_VERSION: Final = 1
+
+_SCHEMA: Final = """
+CREATE TABLE IF NOT EXISTS jobs (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    handler     TEXT NOT NULL,
+    importance  REAL NOT NULL,
+    state       TEXT NOT NULL,
+    submitted   INTEGER NOT NULL,
+    created_at  REAL NOT NULL,
+    closed_at   REAL,
+    finished_at REAL,
+    problem     TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
+CREATE TABLE IF NOT EXISTS stale_queues (
+    job_id TEXT PRIMARY KEY,
+    since  REAL NOT NULL
+);
+"""
+
+_COLUMNS: Final = (
+    "id, name, handler, importance, state, submitted, created_at, closed_at, finished_at, problem"
+)
+_RUNNABLE: Final = (JobState.OPEN.value, JobState.CLOSED.value)
+
+
+class JobStore(Protocol):
+    """Durable jobs plus the stale-queue ledger. Jobs are listed oldest first."""
+
+    def reserve(self, job_id: str) -> None:
+        """Records that queues of ``job_id`` may be declared from now on (a stale-ledger entry)."""
+
+    def insert(self, job: Job) -> None:
+        """Stores a new job and removes its reservation, atomically.
+
+        Raises:
+            KeyError: a job with that id exists.
+        """
+
+    def update(self, job: Job, *, delete_queues: bool = False) -> None:
+        """Replaces a stored job; with ``delete_queues`` its id enters the stale ledger too.
+
+        Raises:
+            KeyError: no job with that id.
+        """
+
+    def get(self, job_id: str) -> Job | None:
+        """The job, or None."""
+
+    def list(self, *, include_done: bool = False) -> Sequence[Job]:
+        """Runnable (open and closed) jobs, or every job with ``include_done``; oldest first."""
+
+    def stale(self) -> Sequence[str]:
+        """Job ids in the stale ledger, oldest entry first."""
+
+    def forget_stale(self, job_id: str) -> None:
+        """Removes ``job_id`` from the ledger: its queues are gone from every broker."""
+
+    def close(self) -> None:
+        """Releases the store; idempotent."""
+
+
+@final
+class SqliteJobStore:
+    """A :class:`JobStore` in one SQLite file (WAL journal, fsync on commit).
+
+    Raises:
+        RuntimeError: the file was written by a newer schema version.
+    """
+
+    def __init__(self, path: Path | str) -> None:
+        self.path = Path(path)
+        self._db = sqlite3.connect(self.path)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            (version,) = self._db.execute("PRAGMA user_version").fetchone()
+            if version > SCHEMA_VERSION:
+                raise RuntimeError(f"{self.path}: schema version {version} is newer than {SCHEMA_VERSION}")
+            with self._db:
+                self._db.executescript(_SCHEMA)
+                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        except BaseException:
+            self._db.close()
+            raise
+        self._closed = False
+
+    def reserve(self, job_id: str) -> None:
+        with self._db:
+            self._db.execute(
+                "INSERT OR IGNORE INTO stale_queues (job_id, since) VALUES (?, ?)", (job_id, time.time())
+            )
+
+    def insert(self, job: Job) -> None:
+        try:
+            with self._db:
+                self._db.execute(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", _row(job))
+                self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job.id,))
+        except sqlite3.IntegrityError:
+            raise KeyError(job.id) from None
+
+    def update(self, job: Job, *, delete_queues: bool = False) -> None:
+        with self._db:
+            cursor = self._db.execute(
+                "UPDATE jobs SET name=?, handler=?, importance=?, state=?, submitted=?, created_at=?,"
+                " closed_at=?, finished_at=?, problem=? WHERE id=?",
+                (*_row(job)[1:], job.id),
+            )
+            if cursor.rowcount != 1:
+                raise KeyError(job.id)
+            if delete_queues:
+                self._db.execute(
+                    "INSERT OR IGNORE INTO stale_queues (job_id, since) VALUES (?, ?)", (job.id, time.time())
+                )
+
+    def get(self, job_id: str) -> Job | None:
+        row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else _job(row)
+
+    def list(self, *, include_done: bool = False) -> Sequence[Job]:
+        if include_done:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at, id")
+        else:
+            rows = self._db.execute(
+                f"SELECT {_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY created_at, id", _RUNNABLE
+            )
+        return [_job(row) for row in rows]
+
+    def stale(self) -> Sequence[str]:
+        return [job_id for (job_id,) in self._db.execute("SELECT job_id FROM stale_queues ORDER BY since")]
+
+    def forget_stale(self, job_id: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job_id,))
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._db.close()
+
+
+def _row(job: Job) -> tuple[object, ...]:
+    return (
+        job.id,
+        job.name,
+        job.handler,
+        job.importance,
+        job.state.value,
+        job.submitted,
+        job.created_at,
+        job.closed_at,
+        job.finished_at,
+        job.problem,
+    )
+
+
+def _job(row: tuple[Any, ...]) -> Job:
+    job_id, name, handler, importance, state, submitted, created, closed, finished, problem = row
+    return Job(
+        id=str(job_id),
+        name=str(name),
+        handler=str(handler),
+        importance=float(importance),
+        state=JobState(state),
+        submitted=int(submitted),
+        created_at=float(created),
+        closed_at=None if closed is None else float(closed),
+        finished_at=None if finished is None else float(finished),
+        problem=str(problem),
+    )

@@ -1,0 +1,113 @@
+"""Checks on request fields; each failure is an :class:`InvalidArgument` naming the field first.
+
+The checks return the cleaned value, so a caller reads ``handler = check_handler(request.handler)``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Final
+
+from truba.scheduler.errors import InvalidArgument
+
+MAX_HANDLER: Final = 512
+MAX_NAME: Final = 200
+MAX_ID: Final = 64
+MAX_SUBMITTED: Final = 2**63 - 1
+"""SQLite integers are signed 64-bit."""
+
+_JOB_ID: Final = re.compile(r"[a-z0-9]+")
+
+
+def check_handler(handler: str) -> str:
+    """``package.module:function``: dotted identifiers, a colon, a dotted attribute path.
+
+    Raises:
+        InvalidArgument: empty, too long, or not of that shape.
+    """
+    if not handler:
+        raise InvalidArgument("handler", "required")
+    if len(handler) > MAX_HANDLER:
+        raise InvalidArgument("handler", f"must be at most {MAX_HANDLER} characters, got {len(handler)}")
+    module, colon, function = handler.partition(":")
+    if not (colon and _dotted(module) and _dotted(function)):
+        raise InvalidArgument("handler", f"must look like 'package.module:function', got {handler!r}")
+    return handler
+
+
+def _dotted(path: str) -> bool:
+    return all(part.isidentifier() for part in path.split("."))
+
+
+def check_importance(importance: float) -> float:
+    """A finite number > 0: the job's weight in the fair share.
+
+    Raises:
+        InvalidArgument: zero (also what an unset field reads as), negative, NaN or infinite.
+    """
+    if not (math.isfinite(importance) and importance > 0):
+        raise InvalidArgument("importance", f"must be a finite number > 0, got {importance:g}")
+    return importance
+
+
+def check_name(name: str) -> str:
+    """An optional display name, at most :data:`MAX_NAME` characters, surrounding blanks removed.
+
+    Raises:
+        InvalidArgument: too long.
+    """
+    name = name.strip()
+    if len(name) > MAX_NAME:
+        raise InvalidArgument("name", f"must be at most {MAX_NAME} characters, got {len(name)}")
+    return name
+
+
+def check_job_id(job_id: str) -> str:
+    """A job id as the scheduler makes them: ``[a-z0-9]+``.
+
+    Raises:
+        InvalidArgument: empty or malformed (a well-formed unknown id is NotFound, elsewhere).
+    """
+    if not job_id:
+        raise InvalidArgument("job_id", "required")
+    if len(job_id) > MAX_ID or not _JOB_ID.fullmatch(job_id):
+        raise InvalidArgument("job_id", f"must match [a-z0-9]+ (at most {MAX_ID} characters), got {job_id!r}")
+    return job_id
+
+
+def check_submitted(submitted: int) -> int:
+    """The task count a client declares when it closes a job.
+
+    Raises:
+        InvalidArgument: above what the store can hold.
+    """
+    if submitted > MAX_SUBMITTED:
+        raise InvalidArgument("submitted", f"must be at most {MAX_SUBMITTED}, got {submitted}")
+    return submitted
+
+
+def check_daemon_id(daemon_id: str) -> str:
+    """A daemon's self-chosen id: non-empty, printable, at most :data:`MAX_NAME` characters.
+
+    Raises:
+        InvalidArgument: empty, too long or with control characters.
+    """
+    if not daemon_id:
+        raise InvalidArgument("daemon_id", "required")
+    if len(daemon_id) > MAX_NAME or not daemon_id.isprintable():
+        raise InvalidArgument(
+            "daemon_id", f"must be printable and at most {MAX_NAME} characters, got {daemon_id!r}"
+        )
+    return daemon_id
+
+
+def check_slots(slots: int) -> int:
+    """A daemon's slot count: at least 1.
+
+    Raises:
+        InvalidArgument: zero.
+    """
+    if slots < 1:
+        raise InvalidArgument("slots", f"must be at least 1, got {slots}")
+    return slots

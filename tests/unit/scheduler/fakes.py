@@ -1,0 +1,92 @@
+"""Fakes for the scheduler's unit tests: brokers without RabbitMQ, a manual clock."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from truba.pipes.errors import ConnectionLost
+from truba.pipes.rabbit import QueueSpec, redact
+from truba.scheduler.brokers import AdminConnection, Brokers
+
+
+@dataclass
+class FakeBroker:
+    """A scriptable broker: its queues, whether it is down, how often it was connected to."""
+
+    url: str
+    queues: dict[str, QueueSpec] = field(default_factory=dict)
+    down: bool = False
+    hang: bool = False
+    connects: int = 0
+    deletes: int = 0
+
+
+class FakeConnection:
+    """An :class:`AdminConnection` to a :class:`FakeBroker`."""
+
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+        self.closed = False
+
+    @property
+    def is_closed(self) -> bool:
+        return self.closed
+
+    async def _check(self) -> None:
+        if self.broker.hang:
+            await asyncio.sleep(3600)
+        if self.broker.down or self.closed:
+            self.closed = True
+            raise ConnectionLost(f"{redact(self.broker.url)}: connection lost")
+
+    async def declare(self, spec: QueueSpec) -> None:
+        await self._check()
+        self.broker.queues[spec.name] = spec
+
+    async def delete(self, queue: str) -> None:
+        await self._check()
+        self.broker.deletes += 1
+        self.broker.queues.pop(queue, None)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+@dataclass
+class FakeCluster:
+    """Fake brokers and a :class:`Brokers` connected to them."""
+
+    fakes: list[FakeBroker]
+    brokers: Brokers
+
+
+def make_fake_cluster(count: int = 2, timeout: float = 1.0) -> FakeCluster:
+    fakes = [FakeBroker(f"amqp://guest:secret@127.0.0.1:{5672 + i}/") for i in range(count)]
+    by_url = {fake.url: fake for fake in fakes}
+
+    async def connect(url: str, *, name: str, heartbeat: float, timeout: float) -> AdminConnection:
+        broker = by_url[url]
+        broker.connects += 1
+        if broker.down:
+            raise ConnectionLost(f"connect {redact(url)}: refused")
+        return FakeConnection(broker)
+
+    return FakeCluster(fakes, Brokers([f.url for f in fakes], connect=connect, timeout=timeout))
+
+
+class ManualClock:
+    """A clock that moves only when told to."""
+
+    def __init__(self, now: float = 1_750_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+async def no_sleep(_: float) -> None:
+    await asyncio.sleep(0)

@@ -1,0 +1,100 @@
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from truba.scheduler.errors import InvalidArgument
+from truba.scheduler.validate import (
+    check_daemon_id,
+    check_handler,
+    check_importance,
+    check_job_id,
+    check_name,
+    check_slots,
+    check_submitted,
+)
+
+
+@pytest.mark.parametrize(
+    "handler", ["examples.math:square", "m:f", "pkg.sub.mod:Class.method", "_private._m:_f", "pkg2.mod_3:f4"]
+)
+def test_well_formed_handlers_pass(handler: str) -> None:
+    assert check_handler(handler) == handler
+
+
+@pytest.mark.parametrize(
+    "handler",
+    [
+        "x",
+        "examples.math",
+        ":f",
+        "m:",
+        "a..b:f",
+        "a.b:f:g",
+        "1mod:f",
+        "mod:f()",
+        "mod: f",
+        "os.system('x'):f",
+    ],
+)
+def test_malformed_handlers_are_refused_naming_the_field(handler: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check_handler(handler)
+    assert str(caught.value) == f"handler: must look like 'package.module:function', got {handler!r}"
+    assert caught.value.field == "handler"
+
+
+def test_empty_and_huge_handlers_are_refused() -> None:
+    with pytest.raises(InvalidArgument, match=r"^handler: required$"):
+        check_handler("")
+    with pytest.raises(InvalidArgument, match=r"^handler: must be at most 512 characters"):
+        check_handler("m" * 600 + ":f")
+
+
+@pytest.mark.parametrize(
+    ("importance", "shown"),
+    [(0.0, "0"), (-1.0, "-1"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")],
+)
+def test_importance_must_be_finite_and_positive(importance: float, shown: str) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        check_importance(importance)
+    assert str(caught.value) == f"importance: must be a finite number > 0, got {shown}"
+
+
+def test_positive_importance_passes() -> None:
+    assert check_importance(0.001) == 0.001
+    assert check_importance(1e9) == 1e9
+
+
+def test_job_ids_are_required_and_well_formed() -> None:
+    with pytest.raises(InvalidArgument, match=r"^job_id: required$"):
+        check_job_id("")
+    with pytest.raises(InvalidArgument, match=r"^job_id: must match \[a-z0-9\]\+"):
+        check_job_id("ABC-1")
+    with pytest.raises(InvalidArgument, match=r"^job_id: "):
+        check_job_id("a" * 65)
+    assert check_job_id("lz4k2m1xq7f3a") == "lz4k2m1xq7f3a"
+
+
+def test_names_are_trimmed_and_bounded() -> None:
+    assert check_name("  my job ") == "my job"
+    with pytest.raises(InvalidArgument, match=r"^name: must be at most 200 characters"):
+        check_name("n" * 201)
+
+
+def test_submitted_fits_a_signed_64_bit_integer() -> None:
+    assert check_submitted(2**63 - 1) == 2**63 - 1
+    with pytest.raises(InvalidArgument, match=r"^submitted: "):
+        check_submitted(2**63)
+
+
+def test_daemon_hello_fields() -> None:
+    assert check_daemon_id("node-1.example:4242") == "node-1.example:4242"
+    with pytest.raises(InvalidArgument, match=r"^daemon_id: required$"):
+        check_daemon_id("")
+    with pytest.raises(InvalidArgument, match=r"^daemon_id: must be printable"):
+        check_daemon_id("bad\nid")
+    assert check_slots(1) == 1
+    with pytest.raises(InvalidArgument, match=r"^slots: must be at least 1, got 0$"):
+        check_slots(0)
