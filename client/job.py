@@ -10,8 +10,8 @@ after the application has taken its outcome.
 from __future__ import annotations
 
 import asyncio
-import functools
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -190,9 +190,10 @@ class Job:
         if self._finished:
             return
         self._finished = True
+        # Stop consuming first: the scheduler is about to delete the queue under the consumer.
+        await self._results.close()
         with map_rpc_errors():
             self._info = await self._client.jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=self.id))
-        await self._results.close()
         log.info("client.job.finished", extra={"job_id": self.id, "outcomes": len(self._seen)})
 
     def on_result(self, callback: Callable[[Outcome], Awaitable[None] | None]) -> asyncio.Task[None]:

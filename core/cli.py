@@ -71,7 +71,7 @@ def _status(args: argparse.Namespace) -> int:
                 jobs_pb2.GetClusterInfoRequest(), timeout=args.timeout
             )
         except grpc.RpcError as exc:
-            print(f"scheduler {args.scheduler}: unreachable ({exc.code().name})", file=sys.stderr)  # type: ignore[attr-defined]
+            print(f"scheduler {args.scheduler}: unreachable ({exc.code().name})", file=sys.stderr)
             return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(health.status)
     print(f"scheduler {args.scheduler}: {status}; {info.daemons} daemons, {info.slots} slots")

@@ -209,7 +209,8 @@ class Daemon:
         try:
             for url in self._brokers:
                 connection = await self._connection(url)
-                listeners.append(await connection.listener(wanted.tasks_queue, prefetch=wanted.slots))
+                # Twice the slots: a slot computes the next task while the previous result is confirmed.
+                listeners.append(await connection.listener(wanted.tasks_queue, prefetch=2 * wanted.slots))
                 senders.append(await connection.sender(wanted.results_queue))
         except PipeError:
             closing = [s.close() for s in senders] + [li.close() for li in listeners]

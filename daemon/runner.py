@@ -1,8 +1,10 @@
 """One job on one daemon: its pipes and the workers that follow the task life.
 
-Task life, per worker: get a task → compute it in a slot → send the result → wait for the
-result's confirm → ack the task. A daemon killed anywhere in between loses nothing: the broker
-redelivers the unacked task, and the client deduplicates results by task id.
+Task life: get a task → compute it in a slot → send the result → wait for the result's confirm →
+ack the task. The last two steps run in the background, so a slot computes the next task while
+the broker confirms the previous result (at most ``target`` results wait per runner). A daemon
+killed anywhere in between loses nothing: the broker redelivers the unacked task, and the client
+deduplicates results by task id.
 
 The number of workers follows ``target`` (slots the scheduler assigned). Shrinking is graceful:
 a worker leaves after its current task and gives its slot back to the pool.
@@ -19,7 +21,7 @@ from dataclasses import dataclass, field
 
 from truba.daemon.slots import SlotDied, SlotProcess
 from truba.logs import bind
-from truba.pipes.base import Delivery, Listener, Sender
+from truba.pipes.base import Confirmation, Delivery, Listener, Sender
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
 from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
@@ -55,6 +57,7 @@ class JobRunner:
     stats: JobStats = field(default_factory=JobStats)
     failure: PipeError | None = None
     _workers: set[asyncio.Task[None]] = field(default_factory=set)
+    _settling: set[asyncio.Task[None]] = field(default_factory=set)
     _closing: bool = False
 
     @property
@@ -116,28 +119,41 @@ class JobRunner:
                 error = ErrorInfo(type(exc).__name__, f"result could not be sent: {exc}")
                 result = ResultMessage(task.task_id, False, None, error, self.daemon_id, reply.seconds)
                 confirmation = await self.results.send(result)
-            started = time.perf_counter()
-            try:
-                await confirmation
-            except PipeError as exc:
-                log.warning("daemon.result.unconfirmed", extra={"error": repr(exc)})
-                await _settle(delivery.reject(requeue=True))
-                if isinstance(exc, PipeBroken):
-                    raise
-                return
-            log.debug("daemon.result.confirmed", extra={"confirm_seconds": time.perf_counter() - started})
-            if reply.ok:
-                self.stats.done += 1
-            else:
-                self.stats.failed += 1
-            await _settle(delivery.ack())
-            log.debug("daemon.task.acked", extra={"ok": reply.ok, "seconds": reply.seconds})
+            # The slot is free now: the confirm is awaited, and the task acked, in the background.
+            settling = asyncio.create_task(self._ack_when_confirmed(confirmation, delivery, reply.ok))
+            self._settling.add(settling)
+            settling.add_done_callback(self._settling.discard)
+            while len(self._settling) > max(1, self.target):
+                await asyncio.wait(set(self._settling), return_when=asyncio.FIRST_COMPLETED)
+
+    async def _ack_when_confirmed(
+        self, confirmation: Confirmation, delivery: Delivery[TaskMessage], ok: bool
+    ) -> None:
+        """The end of a task's life: its result is confirmed, then the task is acked."""
+        started = time.perf_counter()
+        try:
+            await confirmation
+        except PipeError as exc:
+            log.warning("daemon.result.unconfirmed", extra={"error": repr(exc)})
+            await _settle(delivery.reject(requeue=True))
+            if isinstance(exc, PipeBroken) and self.failure is None:
+                self.failure = exc
+            return
+        log.debug("daemon.result.confirmed", extra={"confirm_seconds": time.perf_counter() - started})
+        if ok:
+            self.stats.done += 1
+        else:
+            self.stats.failed += 1
+        await _settle(delivery.ack())
+        log.debug("daemon.task.acked", extra={"ok": ok})
 
     async def close(self) -> None:
         """Stops the workers (after their current task) and closes the pipes."""
         self._closing = True
         if self._workers:
             await asyncio.gather(*self._workers, return_exceptions=True)
+        if self._settling:
+            await asyncio.gather(*self._settling, return_exceptions=True)
         with contextlib.suppress(PipeError):
             await self.tasks.close()
         with contextlib.suppress(PipeError):

@@ -87,7 +87,9 @@ def main() -> int:
         if request is None:
             return 0
         if not (isinstance(request, list) and len(request) == 3):
-            raise SystemExit(f"slot protocol error: expected [handler, task_id, payload], got {request!r:.200}")
+            raise SystemExit(
+                f"slot protocol error: expected [handler, task_id, payload], got {request!r:.200}"
+            )
         handler, task_id, payload = request
         reply = run_one(str(handler), str(task_id), payload, cache)
         frames_out.write(HEADER.pack(len(reply)) + reply)

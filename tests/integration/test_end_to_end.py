@@ -77,7 +77,9 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     assert len(failed) == 1 and failed[0] is outcomes[777]
     assert failed[0].error is not None and failed[0].error.type == "ValueError"
     assert "negative one" in failed[0].error.message and "Traceback" in failed[0].error.traceback
-    assert [o.value for i, o in enumerate(outcomes) if i != 777] == [p * p for i, p in enumerate(payloads) if i != 777]
+    assert [o.value for i, o in enumerate(outcomes) if i != 777] == [
+        p * p for i, p in enumerate(payloads) if i != 777
+    ]
     # Both daemons worked on it.
     assert len({o.daemon_id for o in outcomes}) == 2
     assert info.state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED

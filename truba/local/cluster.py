@@ -29,7 +29,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser = subparsers.add_parser("up", help="run a local cluster: brokers, scheduler, daemons")
     parser.add_argument("--brokers", type=int, default=2, metavar="N", help="local RabbitMQ nodes to start")
     parser.add_argument(
-        "--broker", action="append", default=[], metavar="AMQP_URL", help="use this broker instead (repeatable)"
+        "--broker",
+        action="append",
+        default=[],
+        metavar="AMQP_URL",
+        help="use this broker instead (repeatable)",
     )
     parser.add_argument("--daemons", type=int, default=2, metavar="N")
     parser.add_argument(
@@ -43,7 +47,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="handler pattern the daemons may import (repeatable)",
     )
     parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="scheduler address")
-    parser.add_argument("--state", default=".truba", metavar="DIR", help="brokers' data, scheduler state, logs")
+    parser.add_argument(
+        "--state", default=".truba", metavar="DIR", help="brokers' data, scheduler state, logs"
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND to run against the cluster")
     parser.set_defaults(func=main)
 
@@ -55,6 +61,8 @@ class TrubaProcess:
     name: str
     popen: subprocess.Popen[bytes]
     log_path: Path
+    log_offset: int = 0
+    """Where this run's output starts in ``log_path`` (logs are appended across runs)."""
 
     @property
     def pid(self) -> int:
@@ -80,7 +88,12 @@ class TrubaProcess:
             self.popen.wait()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+        """This run's output so far."""
+        if not self.log_path.exists():
+            return ""
+        with open(self.log_path, "rb") as file:
+            file.seek(self.log_offset)
+            return file.read().decode(errors="replace")
 
 
 @dataclass
@@ -100,6 +113,7 @@ class LocalCluster:
         log_path = log_dir / f"{name}.log"
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._logs.append(log_file)
+        offset = log_file.tell()
         # A session of its own: Ctrl-C reaches `truba up` only, which stops children in order.
         popen = subprocess.Popen(
             [sys.executable, "-m", "truba", *args],
@@ -108,11 +122,13 @@ class LocalCluster:
             env=env or os.environ.copy(),
             start_new_session=True,
         )
-        process = TrubaProcess(name, popen, log_path)
+        process = TrubaProcess(name, popen, log_path, offset)
         self.processes.append(process)
         return process
 
-    def start_scheduler(self, broker_urls: list[str], listen: str = "127.0.0.1:0", *extra: str) -> TrubaProcess:
+    def start_scheduler(
+        self, broker_urls: list[str], listen: str = "127.0.0.1:0", *extra: str
+    ) -> TrubaProcess:
         """Starts the scheduler and waits until it serves; sets :attr:`address`."""
         broker_args = [arg for url in broker_urls for arg in ("--broker", url)]
         process = self.spawn(
@@ -125,7 +141,8 @@ class LocalCluster:
     def start_daemon(self, name: str, slots: int, allow: list[str], *extra: str) -> TrubaProcess:
         allow_args = [arg for pattern in allow for arg in ("--allow", pattern)]
         return self.spawn(
-            name, ["daemon", "--scheduler", self.address, "--slots", str(slots), "--id", name, *allow_args, *extra]
+            name,
+            ["daemon", "--scheduler", self.address, "--slots", str(slots), "--id", name, *allow_args, *extra],
         )
 
     def _wait_for_ready(self, process: TrubaProcess, timeout: float = 30.0) -> str:
@@ -135,7 +152,9 @@ class LocalCluster:
                 if line.startswith(READY_LINE):
                     return line.removeprefix(READY_LINE).strip()
             if not process.alive():
-                raise RuntimeError(f"{process.name} exited with {process.popen.returncode}; see {process.log_path}")
+                raise RuntimeError(
+                    f"{process.name} exited with {process.popen.returncode}; see {process.log_path}"
+                )
             time.sleep(0.05)
         raise RuntimeError(f"{process.name} not ready after {timeout:.0f} s; see {process.log_path}")
 
