@@ -8,7 +8,6 @@ COPY daemon daemon
 COPY pipes pipes
 COPY client client
 COPY proto proto
-COPY truba truba
 COPY examples examples
 RUN pip install --no-cache-dir . && useradd --system --create-home truba
 USER truba

@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
-from truba.client.errors import JobCancelled, map_rpc_errors
+from truba.client.errors import JobCancelled, Unavailable, map_rpc_errors
 from truba.client.outcome import Outcome
 from truba.pipes.base import Confirmation, Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError, TrubaError
@@ -180,7 +180,12 @@ class Job:
         await self._finish()
 
     async def _check_state(self) -> None:
-        info = await self._client.get_job_info(self.id)
+        try:
+            info = await self._client.get_job_info(self.id)
+        except Unavailable as exc:
+            # The data plane does not need the scheduler: keep taking outcomes while it is away.
+            log.warning("client.scheduler.unreachable", extra={"job_id": self.id, "error": str(exc)})
+            return
         if info.state == jobs_pb2.JOB_STATE_CANCELLED:
             raise JobCancelled(f"job {self.id} was cancelled")
         if info.problem:

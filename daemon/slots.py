@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import final
 
@@ -22,6 +23,27 @@ from truba.daemon.slot import HEADER
 from truba.wire import ErrorInfo
 
 log = logging.getLogger(__name__)
+
+
+def _use_pidfd_child_watcher() -> None:
+    """On Python 3.11, watch children with pidfds (the 3.12 default) instead of a thread each.
+
+    The thread-per-child watcher races with ``subprocess``'s own reaping of abandoned Popen
+    objects and then reports a crashed slot's exit status as 255; pidfds cannot be confused.
+    """
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        policy = asyncio.get_event_loop_policy()
+        watcher = policy.get_child_watcher()
+        if not isinstance(watcher, asyncio.PidfdChildWatcher):
+            watcher = asyncio.PidfdChildWatcher()
+            policy.set_child_watcher(watcher)
+        loop = asyncio.get_running_loop()
+        # Re-attaching drops the watches of running children: only attach to a new loop.
+        if getattr(watcher, "_loop", None) is not loop:
+            watcher.attach_loop(loop)
 
 
 class SlotDied(Exception):
@@ -57,6 +79,7 @@ class SlotProcess:
         return self._process is not None and self._process.returncode is None
 
     async def start(self) -> None:
+        _use_pidfd_child_watcher()
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",

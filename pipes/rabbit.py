@@ -64,12 +64,12 @@ def map_amqp_errors(what: str) -> Iterator[None]:
         raise ChannelLost(f"{what}: channel is closed: {exc}") from exc
     except amqp.AMQPChannelError as exc:
         raise ChannelLost(f"{what}: channel closed by the broker: {exc!r}") from exc
+    except TimeoutError as exc:  # before OSError, of which it is a subclass
+        raise SendTimeout(f"{what}: timed out") from exc
     except (amqp.AMQPConnectionError, ConnectionError, OSError) as exc:
         raise ConnectionLost(f"{what}: connection lost: {exc!r}") from exc
     except amqp.AMQPError as exc:
         raise ConnectionLost(f"{what}: AMQP error: {exc!r}") from exc
-    except TimeoutError as exc:
-        raise SendTimeout(f"{what}: timed out") from exc
 
 
 @dataclass(frozen=True)

@@ -165,3 +165,33 @@ def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_daemons_reconnect_after_the_scheduler_is_killed_and_the_job_completes(cluster: Cluster) -> None:
+    total = 300
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.basic:sleep")
+        for _ in range(total):
+            job.submit(0.01)
+        job.close()
+        scheduler = cluster.local.processes[0]
+        assert scheduler.name == "scheduler"
+        received = 0
+        restarted = False
+        for outcome in job.results():
+            assert outcome.ok
+            received += 1
+            if received == 50:
+                scheduler.kill()
+                cluster.local.processes.remove(scheduler)
+                time.sleep(1.0)  # daemons notice and start backing off
+                urls = [b.url for b in cluster.brokers]  # type: ignore[attr-defined]
+                cluster.local.start_scheduler(urls, cluster.address, "--heartbeat-interval", "0.5")
+                restarted = True
+        assert restarted and received == total
+        assert client.get_job_info(job.id).state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED
+    cluster.local.wait_for_daemons(2, timeout=30)
+    for daemon in cluster.daemons:
+        log = daemon.log()
+        assert "daemon.scheduler.unreachable" in log
+        assert log.count("daemon.scheduler.connected") >= 2

@@ -61,6 +61,6 @@ def test_broker_urls_name_the_broker_services(compose: dict[str, Any]) -> None:
 
 def test_the_dockerfile_copies_every_package_folder() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
-    for folder in ("core", "scheduler", "daemon", "pipes", "client", "proto", "truba"):
+    for folder in ("core", "scheduler", "daemon", "pipes", "client", "proto"):
         assert f"COPY {folder} {folder}" in dockerfile
         assert (REPO / folder).is_dir()

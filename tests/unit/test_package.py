@@ -14,7 +14,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize(
-    "module", ["truba", "truba.pipes", "truba.scheduler", "truba.daemon", "truba.client", "truba.proto"]
+    "module",
+    ["truba", "truba.pipes", "truba.scheduler", "truba.daemon", "truba.client", "truba.proto", "truba.local"],
 )
 def test_every_public_name_in_all_exists(module: str) -> None:
     mod = importlib.import_module(module)

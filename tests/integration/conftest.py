@@ -1,0 +1,99 @@
+"""Fixtures for integration tests: real, independent RabbitMQ brokers and fault proxies in front of them.
+
+Starting a broker costs 5-20 s, so there are two kinds:
+
+- ``rabbit_nodes`` (session): two brokers shared by every test that leaves them as it found them. Do
+  not kill, stop, pause or alarm them, and use unique queue names (e.g. from ``request.node.name``).
+  A test that leaves one down fails in teardown, and the node is restarted for the next test.
+- ``fresh_nodes(k)`` (function): ``k`` dedicated brokers that the test may kill -9, restart, pause or
+  put under a memory alarm; they are killed and their data deleted at teardown.
+
+``fault_proxy(broker)`` puts a :class:`~truba.local.ThreadedFaultProxy` in front of a broker; connect to
+``amqp_url(proxy.host, proxy.port)``. Brokers are local ``rabbitmq-server`` processes, or testcontainers
+when a Docker engine answers (``TRUBA_TEST_BROKERS`` forces either). A broker that cannot start fails
+the test; nothing here skips.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:  # pytest's default import mode adds it; --import-mode=importlib does not
+    sys.path.insert(0, _HERE)
+
+from brokers import Broker, BrokerFactory, choose_backend  # noqa: E402
+
+from truba.local import ThreadedFaultProxy  # noqa: E402
+from truba.local.probe import speaks_amqp  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
+    """Starts brokers for the whole session and stops every one of them at its end."""
+    factory = BrokerFactory(tmp_path_factory.mktemp("rmq"), choose_backend())
+    try:
+        yield factory
+    finally:
+        factory.close()
+
+
+@pytest.fixture(scope="session")
+def rabbit_nodes(broker_factory: BrokerFactory) -> list[Broker]:
+    """Two independent brokers shared by the session; tests must not inject process faults into them."""
+    return broker_factory.start(2)
+
+
+@pytest.fixture(autouse=True)
+def _shared_nodes_left_healthy(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After a test that used ``rabbit_nodes``, checks they still answer; restores them and fails if not."""
+    yield
+    if "rabbit_nodes" not in request.fixturenames:
+        return
+    nodes: list[Broker] = request.getfixturevalue("rabbit_nodes")
+    broken = [node for node in nodes if not speaks_amqp(node.host, node.port, timeout=5.0)]
+    for node in broken:
+        if getattr(node, "paused", False):
+            node.resume()
+        if not speaks_amqp(node.host, node.port, timeout=5.0):
+            node.restart()
+    if broken:
+        pytest.fail(f"{request.node.nodeid} left shared brokers down {broken}; use fresh_nodes for faults")
+
+
+@pytest.fixture
+def fresh_nodes(broker_factory: BrokerFactory) -> Iterator[Callable[[int], list[Broker]]]:
+    """``fresh_nodes(k)`` starts ``k`` dedicated brokers in parallel; killed and deleted at teardown."""
+    started: list[Broker] = []
+
+    def make(count: int = 1) -> list[Broker]:
+        brokers = broker_factory.start(count)
+        started.extend(brokers)
+        return brokers
+
+    try:
+        yield make
+    finally:
+        broker_factory.discard(started)
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[Broker], ThreadedFaultProxy]]:
+    """``fault_proxy(broker)`` returns a started proxy in front of ``broker``; all are closed at teardown."""
+    proxies: list[ThreadedFaultProxy] = []
+
+    def make(broker: Broker) -> ThreadedFaultProxy:
+        proxy = ThreadedFaultProxy(broker.host, broker.port)
+        proxy.start()
+        proxies.append(proxy)
+        return proxy
+
+    try:
+        yield make
+    finally:
+        for proxy in proxies:
+            proxy.close()

@@ -1,0 +1,159 @@
+"""The RabbitMQ leaves against real brokers: confirms, returns, bounded waits, settling."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+
+from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, SendTimeout
+from truba.pipes.rabbit import QueueSpec, RabbitConnection
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def connection(
+    rabbit_nodes: list[object], request: pytest.FixtureRequest
+) -> AsyncIterator[RabbitConnection]:
+    conn = await RabbitConnection.open(rabbit_nodes[0].url, name=request.node.nodeid, heartbeat=5)  # type: ignore[attr-defined]
+    yield conn
+    await conn.close()
+
+
+def _queue(request: pytest.FixtureRequest) -> str:
+    return f"truba.test.{request.node.name}"
+
+
+async def test_published_messages_are_confirmed_persistent_and_consumed_in_order(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name)
+    confirmations = [await sender.send(f"m{i}".encode()) for i in range(100)]
+    await asyncio.gather(*confirmations)
+    assert sender.unconfirmed() == []
+    assert await connection.message_count(name) == 100
+    listener = await connection.listener(name, prefetch=10)
+    got = []
+    for _ in range(100):
+        delivery = await listener.get(5.0)
+        assert delivery is not None
+        got.append(delivery.message)
+        await delivery.ack()
+    assert got == [f"m{i}".encode() for i in range(100)]
+    assert await listener.get(0.2) is None
+    await listener.close()
+    await sender.close()
+    await sender.close()  # idempotent
+    with pytest.raises(PipeClosed):
+        await sender.send(b"late")
+    await connection.delete(name)
+
+
+async def test_a_message_to_a_missing_queue_is_returned_and_stays_unconfirmed(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    sender = await connection.sender(_queue(request) + ".missing")
+    confirmation = await sender.send(b"nobody listens")
+    with pytest.raises(MessageRejected, match="unroutable"):
+        await confirmation
+    assert sender.unconfirmed() == [b"nobody listens"]  # still ours, to send again
+    await sender.close()
+
+
+async def test_rejected_deliveries_requeue_or_dead_letter(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    name, dead = _queue(request), _queue(request) + ".dead"
+    await connection.declare(QueueSpec(dead, "classic"))
+    await connection.declare(QueueSpec(name, "quorum", dead_letter_to=dead))
+    sender = await connection.sender(name)
+    await asyncio.gather(await sender.send(b"again"), await sender.send(b"poison"))
+    listener = await connection.listener(name, prefetch=2)
+    first = await listener.get(5.0)
+    second = await listener.get(5.0)
+    assert first is not None and second is not None
+    await first.reject(requeue=True)
+    await second.reject(requeue=False)
+    redelivered = await listener.get(5.0)
+    assert redelivered is not None and redelivered.message == b"again" and redelivered.redelivered
+    assert redelivered.headers.get("x-delivery-count") == 1
+    await redelivered.ack()
+    for _ in range(50):
+        if await connection.message_count(dead) == 1:
+            break
+        await asyncio.sleep(0.1)
+    assert await connection.message_count(dead) == 1
+    await listener.close()
+    await sender.close()
+    await connection.delete(name)
+    await connection.delete(dead)
+
+
+async def test_settling_on_a_closed_channel_raises_channel_lost_and_the_broker_requeues(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name)
+    await (await sender.send(b"task"))
+    listener = await connection.listener(name, prefetch=1)
+    delivery = await listener.get(5.0)
+    assert delivery is not None
+    await listener.close()  # the channel goes away with the unacked delivery
+    with pytest.raises(ChannelLost):
+        await delivery.ack()
+    again = await connection.listener(name, prefetch=1)
+    redelivered = await again.get(5.0)
+    assert redelivered is not None and redelivered.message == b"task" and redelivered.redelivered
+    await redelivered.ack()
+    await again.close()
+    await sender.close()
+    await connection.delete(name)
+
+
+async def test_a_blocked_get_wakes_with_pipe_closed(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    listener = await connection.listener(name, prefetch=1)
+    waiter = asyncio.create_task(listener.get(30.0))
+    await asyncio.sleep(0.1)
+    await listener.close()
+    with pytest.raises(PipeClosed):
+        await asyncio.wait_for(waiter, 5.0)
+    await connection.delete(name)
+
+
+async def test_a_memory_alarm_bounds_the_confirm_wait_and_keeps_the_message(
+    fresh_nodes: Callable[[int], list[object]], request: pytest.FixtureRequest
+) -> None:
+    (node,) = fresh_nodes(1)
+    connection = await RabbitConnection.open(node.url, name=request.node.nodeid, heartbeat=5)  # type: ignore[attr-defined]
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name, confirm_timeout=2.0)
+    await asyncio.to_thread(node.set_memory_alarm, True)  # type: ignore[attr-defined]
+    try:
+        confirmation = await sender.send(b"blocked")
+        with pytest.raises(SendTimeout):
+            await asyncio.wait_for(confirmation, 10.0)
+        assert sender.unconfirmed() == [b"blocked"]
+        with pytest.raises(SendTimeout):  # a sender whose confirm timed out stays broken
+            await sender.send(b"more")
+    finally:
+        await asyncio.to_thread(node.set_memory_alarm, False)  # type: ignore[attr-defined]
+        await sender.close()
+        await connection.close()
+
+
+async def test_connecting_to_a_dead_port_fails_fast_with_connection_lost() -> None:
+    from truba.local.ports import free_port
+    from truba.pipes.errors import ConnectionLost
+
+    with pytest.raises((ConnectionLost, SendTimeout)):
+        await RabbitConnection.open(f"amqp://guest:guest@127.0.0.1:{free_port()}/", name="nobody", timeout=3)
