@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -38,3 +41,54 @@ def test_the_demo_command_runs_the_example_job_on_a_local_cluster(tmp_path: Path
     # Nothing the demo started is left running: its brokers' pids are gone.
     leftovers = subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True, text=True)
     assert leftovers.stdout.strip() == "", leftovers.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_truba_up_stops_everything_it_started_on_a_signal(tmp_path: Path, signum: signal.Signals) -> None:
+    state = tmp_path / "state"
+    argv = [sys.executable, "-m", "truba", "up", "--brokers", "1", "--daemons", "1", "--slots", "1"]
+    argv += ["--allow", "examples.*", "--listen", "127.0.0.1:0", "--state", str(state)]
+    up = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert up.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        line = up.stdout.readline()
+        lines.append(line)
+        if "cluster is up" in line or not line:
+            break
+    assert any("cluster is up" in line for line in lines), "".join(lines)
+    assert any(line.startswith("truba up: scheduler: 127.0.0.1:") for line in lines)
+    assert any(line.startswith("truba up: brokers: amqp://") for line in lines)
+    started = _descendants(up.pid)
+    assert len(started) >= 4, started  # a broker, the scheduler, a daemon and its slot at least
+    up.send_signal(signum)
+    rest, _ = up.communicate(timeout=60)
+    assert up.returncode == 0, rest
+    assert "truba up: stopped" in rest
+    alive = [pid for pid in started if _alive(pid)]
+    assert alive == [], f"left running: {alive}"
+
+
+def _descendants(root: int) -> list[int]:
+    table = subprocess.run(["ps", "-e", "-o", "pid=,ppid=,stat="], capture_output=True, text=True).stdout
+    children: dict[int, list[int]] = {}
+    for row in table.splitlines():
+        pid, ppid, stat = row.split()[:3]
+        if not stat.startswith("Z"):
+            children.setdefault(int(ppid), []).append(int(pid))
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
