@@ -25,11 +25,9 @@ import grpc
 
 from truba.client.errors import map_rpc_errors
 from truba.client.job import Job
-from truba.pipes.balance import balance
-from truba.pipes.errors import PipeError
-from truba.pipes.merge import merge
-from truba.pipes.rabbit import RabbitConnection, RabbitListener, RabbitSender
-from truba.pipes.serialize import deserialize, serialize
+from truba.pipes.prefetch import Window
+from truba.pipes.rabbit import RabbitBroker
+from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultCodec, TaskCodec
 
@@ -53,7 +51,7 @@ class Client:
         self._broker_heartbeat = broker_heartbeat
         self._channel: grpc.aio.Channel | None = None
         self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
-        self._connections: dict[str, RabbitConnection] = {}
+        self._links: dict[str, RabbitBroker] = {}
         self._name = f"truba-client-{socket.gethostname()}-{os.getpid()}"
 
     async def __aenter__(self) -> Client:
@@ -90,25 +88,12 @@ class Client:
         with map_rpc_errors():
             response = await self.jobs.CreateJob(request)
         info = response.job
-        urls = [broker.url for broker in response.brokers]
-        senders: list[RabbitSender] = []
-        listeners: list[RabbitListener] = []
-        try:
-            for url in urls:
-                connection = await self._connection(url)
-                senders.append(
-                    await connection.sender(info.queues.tasks, max_unconfirmed=self._max_unconfirmed)
-                )
-                listeners.append(
-                    await connection.listener(info.queues.results, prefetch=self._result_prefetch)
-                )
-        except PipeError:
-            closing = [s.close() for s in senders] + [li.close() for li in listeners]
-            await asyncio.gather(*closing, return_exceptions=True)
-            raise
-        tasks = serialize(TaskCodec())(balance(senders, max_load=self._max_unconfirmed))
-        results = deserialize(ResultCodec())(merge(listeners))
-        log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(urls)})
+        links = [self._link(broker.url) for broker in response.brokers]
+        options = SendOptions(max_unconfirmed=self._max_unconfirmed)
+        tasks = send_stack(TaskCodec(), links, info.queues.tasks, role="tasks", options=options)
+        window = Window(self._result_prefetch)
+        results = listen_stack(ResultCodec(), links, info.queues.results, window, role="results")
+        log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(links)})
         return Job(self, info, tasks, results)
 
     async def get_job_info(self, job_id: str) -> jobs_pb2.Job:
@@ -126,17 +111,18 @@ class Client:
         with map_rpc_errors():
             return await self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
 
-    async def _connection(self, url: str) -> RabbitConnection:
-        connection = self._connections.get(url)
-        if connection is None or connection.is_closed:
-            connection = await RabbitConnection.open(url, name=self._name, heartbeat=self._broker_heartbeat)
-            self._connections[url] = connection
-        return connection
+    def _link(self, url: str) -> RabbitBroker:
+        """The shared link to one broker (one AMQP connection per broker per client)."""
+        link = self._links.get(url)
+        if link is None:
+            link = RabbitBroker(url, name=self._name, heartbeat=self._broker_heartbeat)
+            self._links[url] = link
+        return link
 
     async def close(self) -> None:
         """Closes broker connections and the scheduler channel; idempotent."""
-        await asyncio.gather(*(c.close() for c in self._connections.values()), return_exceptions=True)
-        self._connections.clear()
+        await asyncio.gather(*(link.close() for link in self._links.values()), return_exceptions=True)
+        self._links.clear()
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None

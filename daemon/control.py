@@ -11,14 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import random
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
 
+from truba.pipes.retry import Backoff
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
+
+RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)
 
 log = logging.getLogger(__name__)
 
@@ -35,25 +36,13 @@ class Assignee(Protocol):
     def assign(self, assignment: daemons_pb2.Assignment) -> None: ...
 
 
-@dataclass
-class Backoff:
-    """Full-jitter exponential backoff: a random delay in [0, min(cap, base * 2**attempt)]."""
-
-    base: float = 0.2
-    cap: float = 10.0
-    rng: Callable[[float, float], float] = random.uniform
-
-    def delay(self, attempt: int) -> float:
-        return self.rng(0.0, min(self.cap, self.base * 2**attempt))
-
-
 class SchedulerLink:
     """Keeps a Connect stream to the scheduler open until ``stop`` is set."""
 
     def __init__(self, address: str, daemon: Assignee, backoff: Backoff | None = None) -> None:
         self.address = address
         self.daemon = daemon
-        self.backoff = backoff or Backoff()
+        self.backoff = backoff or RECONNECT_BACKOFF
         self.connected = asyncio.Event()
         self._heartbeat_interval = 2.0
 

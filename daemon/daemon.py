@@ -20,12 +20,10 @@ from truba.daemon.allow import is_allowed
 from truba.daemon.control import SchedulerLink
 from truba.daemon.runner import JobRunner
 from truba.daemon.slots import SlotProcess
-from truba.pipes.balance import balance
 from truba.pipes.base import Listener, Sender
-from truba.pipes.errors import PipeError
-from truba.pipes.merge import merge
-from truba.pipes.rabbit import RabbitConnection, RabbitListener, RabbitSender, redact
-from truba.pipes.serialize import deserialize, serialize
+from truba.pipes.prefetch import Window
+from truba.pipes.rabbit import RabbitBroker, redact
+from truba.pipes.stacks import listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
@@ -63,7 +61,7 @@ class Daemon:
         self._slots = [SlotProcess(i) for i in range(config.slots)]
         self._free: list[SlotProcess] = list(self._slots)
         self._brokers: list[str] = []
-        self._connections: dict[str, RabbitConnection] = {}
+        self._links: list[RabbitBroker] = []
         self._wanted: dict[str, Wanted] = {}
         self._version = 0
         self._runners: dict[str, JobRunner] = {}
@@ -105,6 +103,11 @@ class Daemon:
         if brokers != self._brokers:
             log.info("daemon.brokers", extra={"brokers": [redact(u) for u in brokers]})
             self._brokers = brokers
+            name = f"truba-daemon-{self.config.daemon_id}"
+            # Links to brokers no longer listed close with their runners' pipes; new ones start lazily.
+            self._links = [
+                RabbitBroker(url, name=name, heartbeat=self.config.broker_heartbeat) for url in brokers
+            ]
             self._changed.set()
 
     def assign(self, assignment: daemons_pb2.Assignment) -> None:
@@ -156,7 +159,7 @@ class Daemon:
         await asyncio.gather(*(r.close() for r in self._runners.values()), return_exceptions=True)
         await asyncio.gather(*self._closing, return_exceptions=True)
         await asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True)
-        await asyncio.gather(*(c.close() for c in self._connections.values()), return_exceptions=True)
+        await asyncio.gather(*(link.close() for link in self._links), return_exceptions=True)
         await link
         log.info("daemon.stopped")
 
@@ -166,6 +169,8 @@ class Daemon:
         for job_id, runner in list(self._runners.items()):
             wanted = self._wanted.get(job_id)
             runner.target = wanted.slots if wanted is not None else 0
+            if runner.target > 0:
+                await runner.window.resize(_window_for(runner.target))
             if runner.failure is not None or runner.target == 0:
                 if runner.failure is not None:
                     log.warning("daemon.job.reopen", extra={"job_id": job_id, "error": repr(runner.failure)})
@@ -175,7 +180,7 @@ class Daemon:
         for job_id, wanted in self._wanted.items():
             if job_id not in self._runners and wanted.slots > 0 and self._brokers:
                 if time.monotonic() >= self._retry_at.get(job_id, 0.0):
-                    await self._open_runner(job_id, wanted)
+                    self._open_runner(job_id, wanted)
         for runner in self._runners.values():
             while runner.active < runner.target and self._free:
                 runner.add_worker(self._free.pop())
@@ -189,42 +194,25 @@ class Daemon:
         self._free.append(slot)
         self._changed.set()
 
-    async def _open_runner(self, job_id: str, wanted: Wanted) -> None:
-        try:
-            tasks, results = await self._open_pipes(wanted)
-        except PipeError as exc:
-            log.warning("daemon.job.open_failed", extra={"job_id": job_id, "error": repr(exc)})
-            self._retry_at[job_id] = time.monotonic() + REOPEN_DELAY
-            return
+    def _open_runner(self, job_id: str, wanted: Wanted) -> None:
+        window = Window(_window_for(wanted.slots))
+        tasks, results = self._open_pipes(wanted, window)
         self._runners[job_id] = JobRunner(
-            job_id, wanted.handler, self.config.daemon_id, tasks, results, self._release, wanted.slots
+            job_id, wanted.handler, self.config.daemon_id, tasks, results, self._release, wanted.slots, window
         )
         log.info(
             "daemon.job.opened", extra={"job_id": job_id, "handler": wanted.handler, "slots": wanted.slots}
         )
 
-    async def _open_pipes(self, wanted: Wanted) -> tuple[Listener[TaskMessage], Sender[ResultMessage]]:
-        listeners: list[RabbitListener] = []
-        senders: list[RabbitSender] = []
-        try:
-            for url in self._brokers:
-                connection = await self._connection(url)
-                # Twice the slots: a slot computes the next task while the previous result is confirmed.
-                listeners.append(await connection.listener(wanted.tasks_queue, prefetch=2 * wanted.slots))
-                senders.append(await connection.sender(wanted.results_queue))
-        except PipeError:
-            closing = [s.close() for s in senders] + [li.close() for li in listeners]
-            await asyncio.gather(*closing, return_exceptions=True)
-            raise
-        tasks = deserialize(TaskCodec())(merge(listeners))
-        results = serialize(ResultCodec())(balance(senders))
+    def _open_pipes(
+        self, wanted: Wanted, window: Window
+    ) -> tuple[Listener[TaskMessage], Sender[ResultMessage]]:
+        """The job's task listener and result sender (see truba.pipes.stacks); they connect lazily."""
+        tasks = listen_stack(TaskCodec(), self._links, wanted.tasks_queue, window, role="tasks")
+        results = send_stack(ResultCodec(), self._links, wanted.results_queue, role="results")
         return tasks, results
 
-    async def _connection(self, url: str) -> RabbitConnection:
-        connection = self._connections.get(url)
-        if connection is None or connection.is_closed:
-            connection = await RabbitConnection.open(
-                url, name=f"truba-daemon-{self.config.daemon_id}", heartbeat=self.config.broker_heartbeat
-            )
-            self._connections[url] = connection
-        return connection
+
+def _window_for(slots: int) -> int:
+    """Prefetch per broker: twice the slots, so a slot computes while the last result is confirmed."""
+    return max(1, 2 * slots)

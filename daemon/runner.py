@@ -23,6 +23,7 @@ from truba.daemon.slots import SlotDied, SlotProcess
 from truba.logs import bind
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
+from truba.pipes.prefetch import Window
 from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
 log = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class JobRunner:
     results: Sender[ResultMessage]
     release: Callable[[SlotProcess], None]
     target: int = 0
+    window: Window = field(default_factory=lambda: Window(1))
     stats: JobStats = field(default_factory=JobStats)
     failure: PipeError | None = None
     _workers: set[asyncio.Task[None]] = field(default_factory=set)

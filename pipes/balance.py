@@ -1,86 +1,226 @@
 """Combinator: balance one stream of messages over several senders (one per broker).
 
-Each message goes to a random sender that is not overloaded, where load is the number of that
-sender's messages awaiting a confirm, capped per sender by ``max_load``. One slow broker therefore
-fills up to its cap and stops getting messages, without slowing the others; when every sender is
-at its cap, ``send`` waits for the first confirm (backpressure). A sender that breaks is skipped;
-its unconfirmed messages stay listed until an outer layer re-sends and drops them.
+Each message goes to a random sender that is up and not overloaded, where load is the number
+of that sender's messages awaiting a confirm, capped per sender by ``max_load``. A slow broker
+fills up to its cap and stops getting messages without slowing the others; when every sender is
+at its cap, ``send`` waits for the first confirm (backpressure).
+
+When a sender breaks (its ``send`` raises, or a confirmation fails, with a retryable error) it is
+taken out of rotation for a cooldown that grows with repeated failures, and its unconfirmed
+messages are moved: sent again through the other senders, then dropped from the broken one. The
+caller's confirmation follows its message wherever it goes. Duplicates can arise only for
+messages that were never confirmed. A sender may say it is not ready (``ready`` False, as
+:class:`~truba.pipes.reopen.ReopenSender` does while reconnecting) and is then skipped.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import random
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
 from truba.pipes.base import Confirmation, Sender
-from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
+from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class _Entry(Generic[T]):
+    message: T
+    outer: Confirmation
+    index: int
+    inner: Confirmation | None = None
+
+
 @final
 class BalanceSender(Generic[T]):
-    """Sends each message through a random not-overloaded sender of ``senders``.
+    """Sends each message through a random ready, not-overloaded sender of ``senders``.
 
-    Raises:
-        PipeBroken: every sender is broken (the last cause).
+    Raises (from ``send``):
         PipeClosed: after close().
+        PipeError: no sender could take the message (the last cause; retryable if it was).
     """
 
-    def __init__(self, senders: Sequence[Sender[T]], max_load: int = 1000, rng: random.Random | None = None):
+    name = "balance"
+
+    def __init__(
+        self,
+        senders: Sequence[Sender[T]],
+        max_load: int = 1000,
+        *,
+        cooldown: float = 0.5,
+        max_cooldown: float = 10.0,
+        rng: random.Random | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not senders:
             raise ValueError("balance needs at least one sender")
-        self._senders = list(senders)
-        self._load = [0] * len(senders)
-        self._broken: list[PipeError | None] = [None] * len(senders)
+        self.inners = list(senders)
         self._max_load = max_load
+        self._cooldown = cooldown
+        self._max_cooldown = max_cooldown
         self._rng = rng or random.Random()
+        self._now = monotonic
+        self._entries: dict[int, _Entry[T]] = {}
+        self._load = [0] * len(senders)
+        self._down_until = [0.0] * len(senders)
+        self._failures = [0] * len(senders)
+        self._errors: list[PipeError | None] = [None] * len(senders)
+        self._seq = itertools.count()
         self._room = asyncio.Event()
+        self._moves: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.moved = 0
 
     def loads(self) -> list[int]:
         """Messages awaiting a confirm, per sender."""
         return list(self._load)
 
+    def _candidates(self) -> tuple[list[int], bool]:
+        """Usable senders below their cap, and whether any usable one exists at all."""
+        now = self._now()
+        usable = [
+            i
+            for i, sender in enumerate(self.inners)
+            if self._down_until[i] <= now and getattr(sender, "ready", True)
+        ]
+        return [i for i in usable if self._load[i] < self._max_load], bool(usable)
+
     async def send(self, message: T) -> Confirmation:
+        if self._closed:
+            raise PipeClosed("balanced sender is closed")
+        entry = _Entry(message, asyncio.get_running_loop().create_future(), -1)
+        entry.outer.add_done_callback(_retrieve)
+        await self._place(entry, exclude=-1)
+        return entry.outer
+
+    async def _place(self, entry: _Entry[T], exclude: int) -> None:
+        """Sends ``entry`` through a sender (``exclude`` only if it is the last one usable).
+
+        Waits while every usable sender is at its cap; raises the last error when no sender is
+        usable or every usable one failed for this message.
+        """
+        tried: set[int] = set()
+        last_error: PipeError | None = None
         while True:
             if self._closed:
                 raise PipeClosed("balanced sender is closed")
-            healthy = [i for i, broken in enumerate(self._broken) if broken is None]
-            if not healthy:
-                cause = self._broken[-1]
-                assert cause is not None
-                raise cause
-            candidates = [i for i in healthy if self._load[i] < self._max_load]
-            if not candidates:
-                self._room.clear()
-                await self._room.wait()
+            candidates, any_usable = self._candidates()
+            choices = [i for i in candidates if i not in tried and i != exclude]
+            if not choices and exclude in candidates and exclude not in tried:
+                choices = [exclude]  # the broker it came from is the only one up again
+            if choices:
+                index = self._rng.choice(choices)
+                try:
+                    inner = await self.inners[index].send(entry.message)
+                except PipeError as exc:
+                    if not exc.retryable:
+                        raise
+                    tried.add(index)
+                    last_error = exc
+                    self._mark_down(index, exc)
+                    continue
+                self._failures[index] = 0
+                self._attach(entry, index, inner)
+                return
+            if last_error is not None:
+                raise last_error
+            if not any_usable:
+                known = [e for e in self._errors if e is not None]
+                if known:
+                    raise known[-1]
+                await asyncio.sleep(0.05)  # senders not ready yet (first connects in flight)
                 continue
-            index = self._rng.choice(candidates)
-            try:
-                confirmation = await self._senders[index].send(message)
-            except PipeBroken as exc:
-                self._broken[index] = exc
-                log.warning("pipe.balance.skip_broken", extra={"sender": index, "error": repr(exc)})
-                continue
-            self._load[index] += 1
-            confirmation.add_done_callback(functools.partial(self._settled, index))
-            return confirmation
+            self._room.clear()
+            await self._room.wait()  # every usable sender is at its cap: backpressure
 
-    def _settled(self, index: int, _: Confirmation) -> None:
+    def _attach(self, entry: _Entry[T], index: int, inner: Confirmation) -> None:
+        seq = next(self._seq)
+        entry.index, entry.inner = index, inner
+        self._entries[seq] = entry
+        self._load[index] += 1
+        inner.add_done_callback(functools.partial(self._settled, seq, entry, index))
+
+    def _settled(self, seq: int, entry: _Entry[T], index: int, done: Confirmation) -> None:
+        if entry.inner is not done:
+            return
         self._load[index] -= 1
         self._room.set()
+        if entry.outer.done():
+            self._entries.pop(seq, None)
+            return
+        exc = PipeClosed("confirmation cancelled") if done.cancelled() else done.exception()
+        if exc is None:
+            self._entries.pop(seq, None)
+            entry.outer.set_result(None)
+        elif isinstance(exc, PipeError) and exc.retryable and not self._closed:
+            self._mark_down(index, exc)
+        else:
+            entry.outer.set_exception(exc)  # rejected: still ours, listed as unconfirmed
+
+    def _mark_down(self, index: int, exc: PipeError) -> None:
+        """Takes sender ``index`` out of rotation and moves its unconfirmed messages elsewhere."""
+        now = self._now()
+        if self._down_until[index] > now:
+            return
+        self._failures[index] += 1
+        self._errors[index] = exc
+        pause = min(self._max_cooldown, self._cooldown * 2 ** (self._failures[index] - 1))
+        self._down_until[index] = now + pause
+        stranded = [(seq, e) for seq, e in self._entries.items() if e.index == index and not e.outer.done()]
+        log.warning(
+            "pipe.balance.down",
+            extra={
+                "sender": index,
+                "cooldown": pause,
+                "moving": len(stranded),
+                "error": f"{type(exc).__name__}: {exc}",
+            },
+        )
+        if not stranded:
+            return
+        for seq, _ in stranded:
+            del self._entries[seq]
+            self._load[index] -= 1
+        self._room.set()
+        self.inners[index].drop_unconfirmed()
+        task = asyncio.create_task(self._move([e for _, e in stranded], index))
+        self._moves.add(task)
+        task.add_done_callback(self._moves.discard)
+
+    async def _move(self, stranded: list[_Entry[T]], index: int) -> None:
+        """Re-sends messages of a broken sender elsewhere, retrying until placed or closed."""
+        for entry in stranded:
+            entry.inner = None
+            attempt = 0
+            while not entry.outer.done():
+                try:
+                    await self._place(entry, exclude=index)
+                    self.moved += 1
+                    break
+                except PipeClosed:
+                    return
+                except PipeError as exc:
+                    if not exc.retryable:
+                        entry.outer.set_exception(exc)
+                        break
+                    attempt += 1
+                    await asyncio.sleep(min(self._max_cooldown, self._cooldown * attempt))
 
     def unconfirmed(self) -> Sequence[T]:
-        return [message for sender in self._senders for message in sender.unconfirmed()]
+        return [entry.message for entry in self._entries.values()]
 
     def drop_unconfirmed(self) -> None:
-        for sender in self._senders:
+        self._entries.clear()
+        for sender in self.inners:
             sender.drop_unconfirmed()
 
     async def close(self) -> None:
@@ -88,9 +228,17 @@ class BalanceSender(Generic[T]):
             return
         self._closed = True
         self._room.set()
-        await asyncio.gather(*(sender.close() for sender in self._senders), return_exceptions=True)
+        for task in list(self._moves):
+            task.cancel()
+        await asyncio.gather(*self._moves, return_exceptions=True)
+        await asyncio.gather(*(sender.close() for sender in self.inners), return_exceptions=True)
 
 
 def balance(senders: Sequence[Sender[T]], max_load: int = 1000) -> BalanceSender[T]:
-    """Combinator: one sender over many, picking a random one below ``max_load`` unconfirmed."""
+    """Combinator: one sender over many, picking a random ready one below ``max_load`` unconfirmed."""
     return BalanceSender(senders, max_load)
+
+
+def _retrieve(future: Confirmation) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -2,10 +2,12 @@ from __future__ import annotations
 
 import random
 
-from truba.daemon.control import Backoff
+from truba.daemon.control import RECONNECT_BACKOFF
+from truba.pipes.retry import Backoff
 
 
 def test_backoff_is_full_jitter_bounded_by_the_cap() -> None:
+    assert (RECONNECT_BACKOFF.base, RECONNECT_BACKOFF.cap, RECONNECT_BACKOFF.attempts) == (0.2, 10.0, None)
     backoff = Backoff(base=0.2, cap=10.0, rng=random.Random(7).uniform)
     delays = [backoff.delay(attempt) for attempt in range(12) for _ in range(20)]
     assert all(0.0 <= d <= 10.0 for d in delays)

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from truba.pipes.balance import BalanceSender
-from truba.pipes.errors import PipeBroken, PipeClosed
+from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed, SendTimeout
 from truba.pipes.testing import FakeSender
 
 
@@ -27,6 +27,7 @@ async def test_a_slow_sender_fills_to_its_cap_and_the_others_take_the_rest() -> 
         await balanced.send(i)
     assert len(slow.sent) == 5
     assert len(fast.sent) == 95
+    await asyncio.sleep(0)  # confirmation callbacks run on the next loop iteration
     assert balanced.unconfirmed() == slow.sent
 
 
@@ -65,3 +66,46 @@ async def test_close_is_idempotent_and_closes_every_sender() -> None:
     assert all(s.closed for s in senders)
     with pytest.raises(PipeClosed):
         await balanced.send(1)
+
+
+async def test_a_sender_that_breaks_has_its_unconfirmed_moved_and_confirmations_follow() -> None:
+    a, b = FakeSender[int](), FakeSender[int]()
+    balanced = BalanceSender([a, b], max_load=100, rng=random.Random(3))
+    confirmations = [await balanced.send(i) for i in range(20)]
+    on_a = list(a.sent)
+    assert on_a and len(b.sent) == 20 - len(on_a)
+    a.break_(PipeBroken("a lost its connection"))
+    await asyncio.sleep(0.01)
+    # a's messages went through b; a forgot them.
+    assert sorted(b.sent) == list(range(20))
+    assert a.unconfirmed() == []
+    b.confirm()
+    await asyncio.wait_for(asyncio.gather(*confirmations), 1.0)
+    assert balanced.unconfirmed() == [] and balanced.moved == len(on_a)
+
+
+async def test_a_rejected_message_fails_its_confirmation_and_stays_unconfirmed() -> None:
+    only = FakeSender[int]()
+    balanced = BalanceSender([only])
+    confirmation = await balanced.send(7)
+    only.reject(1)
+    with pytest.raises(MessageRejected):
+        await confirmation
+    assert balanced.unconfirmed() == [7]
+
+
+async def test_a_down_sender_gets_traffic_again_after_its_cooldown() -> None:
+    clock = [0.0]
+    a, b = FakeSender[int](auto_confirm=True), FakeSender[int](auto_confirm=True)
+    balanced = BalanceSender([a, b], cooldown=1.0, rng=random.Random(4), monotonic=lambda: clock[0])
+    a.fail_next(SendTimeout("blip"))  # a transient failure: retryable, the fake stays usable
+    for i in range(10):
+        await balanced.send(i)
+    before = len(a.sent)
+    for i in range(10):
+        await balanced.send(i)
+    assert len(a.sent) == before  # still cooling down
+    clock[0] = 5.0
+    for i in range(30):
+        await balanced.send(i)
+    assert len(a.sent) > before

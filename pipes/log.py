@@ -1,0 +1,99 @@
+"""Layer: log what goes wrong on the way through, with constant event names. Nothing else.
+
+Failures are logged at warning with the error's type and message (tracebacks at debug, as the
+fault is expected); each message at debug. The layer never swallows or changes an error.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from truba.pipes.base import Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.errors import PipeClosed, PipeError
+
+T = TypeVar("T")
+
+
+@dataclass
+class LogSender(Generic[T]):
+    """Logs send failures and failed confirmations of the inner sender under ``pipe.<role>.*``."""
+
+    inner: Sender[T]
+    role: str = "send"
+    logger: logging.Logger = logging.getLogger("truba.pipes.log")
+
+    async def send(self, message: T) -> Confirmation:
+        try:
+            confirmation = await self.inner.send(message)
+        except PipeClosed:
+            raise
+        except PipeError as exc:
+            self.logger.warning(f"pipe.{self.role}.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            self.logger.debug(f"pipe.{self.role}.failed", exc_info=exc)
+            raise
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"pipe.{self.role}.sent")
+        confirmation.add_done_callback(self._confirmed)
+        return confirmation
+
+    def _confirmed(self, confirmation: Confirmation) -> None:
+        if confirmation.cancelled():
+            return
+        exc = confirmation.exception()
+        if exc is not None:
+            self.logger.warning(
+                f"pipe.{self.role}.unconfirmed", extra={"error": f"{type(exc).__name__}: {exc}"}
+            )
+
+    def unconfirmed(self) -> Sequence[T]:
+        return self.inner.unconfirmed()
+
+    def drop_unconfirmed(self) -> None:
+        held = len(self.inner.unconfirmed())
+        if held:
+            self.logger.info(f"pipe.{self.role}.dropped_unconfirmed", extra={"count": held})
+        self.inner.drop_unconfirmed()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def log_errors(role: str = "send") -> Layer[T, T]:
+    """The log layer for senders; ``role`` names the events (``pipe.results.failed``)."""
+    return lambda inner: LogSender(inner, role)
+
+
+@dataclass
+class LogListener(Generic[T]):
+    """Logs get failures of the inner listener under ``pipe.<role>.*``."""
+
+    inner: Listener[T]
+    role: str = "listen"
+    logger: logging.Logger = logging.getLogger("truba.pipes.log")
+
+    async def get(self, timeout: float) -> Delivery[T] | None:
+        try:
+            delivery = await self.inner.get(timeout)
+        except PipeClosed:
+            raise
+        except PipeError as exc:
+            self.logger.warning(f"pipe.{self.role}.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+            self.logger.debug(f"pipe.{self.role}.failed", exc_info=exc)
+            raise
+        if delivery is not None and self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"pipe.{self.role}.received", extra={"redelivered": delivery.redelivered})
+        return delivery
+
+    def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
+        self.inner.subscribe(callback)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def log_listener(role: str = "listen") -> ListenerLayer[T, T]:
+    """The log layer for listeners."""
+    return lambda inner: LogListener(inner, role)

@@ -1,0 +1,202 @@
+"""One AMQP connection to one broker: channels for leaves, queue administration, and a link
+that reopens the shared connection when it is gone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Final, final
+
+import aio_pika
+import aiormq.exceptions as amqp
+from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
+
+from truba.pipes.errors import PipeClosed
+from truba.pipes.rabbit.errors import map_amqp_errors
+from truba.pipes.rabbit.listener import RabbitListener
+from truba.pipes.rabbit.sender import RabbitSender
+from truba.pipes.rabbit.util import close_quietly, redact
+
+log = logging.getLogger(__name__)
+
+DELIVERY_LIMIT: Final = 1_000_000
+"""Quorum-queue ``x-delivery-limit``: far above any real preemption count, so the broker never
+drops a task on its own; truba counts attempts itself (the 4.x default of 20 would drop tasks)."""
+
+
+@dataclass(frozen=True)
+class QueueSpec:
+    """A durable queue and how it dead-letters.
+
+    ``kind`` is ``"quorum"`` (the default: fsync before confirm, a delivery count) or
+    ``"classic"``. ``dead_letter_to`` names the queue rejected messages go to.
+    """
+
+    name: str
+    kind: str = "quorum"
+    dead_letter_to: str | None = None
+
+    def arguments(self) -> dict[str, FieldValue]:
+        args: dict[str, FieldValue] = {"x-queue-type": self.kind}
+        if self.kind == "quorum":
+            args["x-delivery-limit"] = DELIVERY_LIMIT
+        if self.dead_letter_to is not None:
+            args["x-dead-letter-exchange"] = ""
+            args["x-dead-letter-routing-key"] = self.dead_letter_to
+        return args
+
+
+@final
+class RabbitConnection:
+    """One AMQP connection to one broker. Leaves get a channel each; closing closes them all."""
+
+    def __init__(self, connection: AbstractConnection, url: str, name: str) -> None:
+        self._connection = connection
+        self.url = url
+        self.name = name
+
+    @classmethod
+    async def open(
+        cls, url: str, *, name: str, heartbeat: float = 10.0, timeout: float = 10.0
+    ) -> RabbitConnection:
+        """Connects to ``url``; the first connect error goes to the caller (fail fast).
+
+        Raises:
+            ConnectionLost: the broker refused or could not be reached.
+            SendTimeout: no connection within ``timeout`` seconds.
+        """
+        with map_amqp_errors(f"connect {redact(url)}"):
+            connection = await asyncio.wait_for(
+                aio_pika.connect(
+                    url,
+                    timeout=timeout,
+                    heartbeat=max(1, round(heartbeat)),
+                    client_properties={"connection_name": name},
+                ),
+                timeout,
+            )
+        log.info("pipe.rabbit.connected", extra={"broker": redact(url), "connection": name})
+        return cls(connection, url, name)
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self._connection.is_closed)
+
+    async def _channel(self, *, confirms: bool) -> AbstractChannel:
+        with map_amqp_errors(f"open channel on {redact(self.url)}"):
+            return await asyncio.wait_for(
+                self._connection.channel(publisher_confirms=confirms, on_return_raises=confirms), 10.0
+            )
+
+    async def sender(
+        self, queue: str, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
+    ) -> RabbitSender:
+        """A sender publishing to ``queue`` through the default exchange on a confirm channel."""
+        channel = await self._channel(confirms=True)
+        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed)
+
+    async def listener(self, queue: str, *, prefetch: int) -> RabbitListener:
+        """A listener consuming ``queue`` with at most ``prefetch`` unsettled deliveries.
+
+        Raises:
+            ChannelLost: the queue does not exist (NOT_FOUND).
+        """
+        channel = await self._channel(confirms=False)
+        with map_amqp_errors(f"consume {queue}"):
+            await channel.set_qos(prefetch_count=prefetch)
+            amqp_queue = await channel.declare_queue(queue, passive=True)
+        listener = RabbitListener(channel, amqp_queue, self.url)
+        await listener.start()
+        return listener
+
+    async def declare(self, spec: QueueSpec) -> None:
+        """Declares a durable queue (idempotent for equal arguments)."""
+        channel = await self._channel(confirms=False)
+        try:
+            with map_amqp_errors(f"declare {spec.name}"):
+                await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments())
+        finally:
+            await close_quietly(channel)
+
+    async def delete(self, queue: str) -> None:
+        """Deletes a queue and its messages; a queue that does not exist is not an error."""
+        channel = await self._channel(confirms=False)
+        try:
+            with map_amqp_errors(f"delete {queue}"):
+                await channel.queue_delete(queue)
+        finally:
+            await close_quietly(channel)
+
+    async def message_count(self, queue: str) -> int | None:
+        """Ready messages in ``queue``, or None if it does not exist."""
+        channel = await self._channel(confirms=False)
+        try:
+            amqp_queue = await channel.declare_queue(queue, passive=True)
+        except amqp.ChannelNotFoundEntity:
+            return None
+        finally:
+            await close_quietly(channel)
+        return amqp_queue.declaration_result.message_count or 0
+
+    async def close(self) -> None:
+        """Closes the connection and every channel on it; idempotent."""
+        if not self._connection.is_closed:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._connection.close(), 5.0)
+
+
+@final
+class RabbitBroker:
+    """The link to one broker: one shared connection, reopened when it is gone, a channel per leaf.
+
+    Leaves of many pipes share the connection (RabbitMQ limits connections, not channels). When
+    the connection dies, every leaf on it breaks; the first reopen of any of them opens a new
+    connection, the others reuse it. Connection attempts are serialized and bounded.
+    """
+
+    def __init__(
+        self, url: str, *, name: str, heartbeat: float = 10.0, connect_timeout: float = 10.0
+    ) -> None:
+        self.url = url
+        self.name = name
+        self.heartbeat = heartbeat
+        self.connect_timeout = connect_timeout
+        self._connection: RabbitConnection | None = None
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"RabbitBroker({redact(self.url)})"
+
+    async def connection(self) -> RabbitConnection:
+        """The open connection, connecting first if there is none (the error goes to the caller)."""
+        async with self._lock:
+            if self._closed:
+                raise PipeClosed(f"link to {redact(self.url)} is closed")
+            if self._connection is None or self._connection.is_closed:
+                self._connection = await RabbitConnection.open(
+                    self.url, name=self.name, heartbeat=self.heartbeat, timeout=self.connect_timeout
+                )
+            return self._connection
+
+    async def sender(
+        self, queue: str, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
+    ) -> RabbitSender:
+        """A fresh sending leaf on the shared connection (a connector for reopen)."""
+        connection = await self.connection()
+        return await connection.sender(
+            queue, confirm_timeout=confirm_timeout, max_unconfirmed=max_unconfirmed
+        )
+
+    async def listener(self, queue: str, *, prefetch: int) -> RabbitListener:
+        """A fresh listening leaf on the shared connection (a connector for reopen)."""
+        connection = await self.connection()
+        return await connection.listener(queue, prefetch=prefetch)
+
+    async def close(self) -> None:
+        """Closes the connection and every leaf on it; idempotent."""
+        self._closed = True
+        if self._connection is not None:
+            await self._connection.close()

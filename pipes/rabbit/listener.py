@@ -1,0 +1,148 @@
+"""The listening leaf: consume one queue with a prefetch window; settle on the delivering channel."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Final, final
+
+from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+
+from truba.pipes.base import Delivery
+from truba.pipes.errors import ChannelLost, PipeBroken, PipeClosed, PipeError
+from truba.pipes.rabbit.errors import map_amqp_errors
+from truba.pipes.rabbit.util import close_quietly
+
+log = logging.getLogger(__name__)
+
+
+@final
+class RabbitDelivery:
+    """One delivery of a :class:`RabbitListener`, settled on the channel that delivered it."""
+
+    def __init__(self, message: AbstractIncomingMessage, listener: RabbitListener) -> None:
+        self._message = message
+        self._listener = listener
+
+    @property
+    def message(self) -> bytes:
+        return self._message.body
+
+    @property
+    def redelivered(self) -> bool:
+        return bool(self._message.redelivered)
+
+    @property
+    def headers(self) -> Mapping[str, object]:
+        return self._message.headers or {}
+
+    async def ack(self) -> None:
+        with map_amqp_errors(f"ack on {self._listener.queue}"):
+            await self._message.ack()
+
+    async def reject(self, requeue: bool) -> None:
+        with map_amqp_errors(f"reject on {self._listener.queue}"):
+            await self._message.reject(requeue=requeue)
+
+
+_CLOSED: Final = object()
+
+
+@final
+class RabbitListener:
+    """Consumes one queue; deliveries wait in a local buffer bounded by the prefetch window."""
+
+    def __init__(self, channel: AbstractChannel, queue: AbstractQueue, url: str) -> None:
+        self._channel = channel
+        self._queue = queue
+        self._url = url
+        self._buffer: asyncio.Queue[RabbitDelivery | object] = asyncio.Queue()
+        self._callback: Callable[[Delivery[bytes]], Awaitable[None]] | None = None
+        self._consumer_tag: str | None = None
+        self._closed = False
+        self._broken: PipeBroken | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        channel.close_callbacks.add(self._on_channel_closed)
+
+    name = "rabbit"
+
+    @property
+    def queue(self) -> str:
+        return self._queue.name
+
+    async def set_prefetch(self, count: int) -> None:
+        """Changes how many unsettled deliveries the broker may push to this consumer."""
+        with map_amqp_errors(f"qos on {self.queue}"):
+            await self._channel.set_qos(prefetch_count=count)
+
+    async def start(self) -> None:
+        with map_amqp_errors(f"consume {self.queue}"):
+            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+
+    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        delivery = RabbitDelivery(message, self)
+        if self._callback is None:
+            self._buffer.put_nowait(delivery)
+            return
+        task = asyncio.create_task(self._run_callback(self._callback, delivery))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _run_callback(
+        self, callback: Callable[[Delivery[bytes]], Awaitable[None]], delivery: RabbitDelivery
+    ) -> None:
+        try:
+            await callback(delivery)
+        except Exception as exc:
+            log.error("pipe.rabbit.callback_failed", extra={"queue": self.queue, "error": repr(exc)})
+            with contextlib.suppress(PipeError):
+                await delivery.reject(requeue=True)
+
+    def _on_channel_closed(self, _: object, exc: BaseException | None = None) -> None:
+        if self._closed:
+            return
+        self._broken = ChannelLost(f"channel consuming {self.queue} closed: {exc!r}")
+        log.warning("pipe.rabbit.listener.broken", extra={"queue": self.queue, "error": repr(exc)})
+        self._buffer.put_nowait(_CLOSED)
+
+    async def get(self, timeout: float) -> Delivery[bytes] | None:
+        if self._closed:
+            raise PipeClosed(f"listener on {self.queue} is closed")
+        if self._buffer.empty() and self._broken is not None:
+            raise self._broken
+        try:
+            item = await asyncio.wait_for(self._buffer.get(), timeout)
+        except TimeoutError:
+            return None
+        if item is _CLOSED:
+            self._buffer.put_nowait(_CLOSED)  # wake every other waiter too
+            if self._closed:
+                raise PipeClosed(f"listener on {self.queue} is closed")
+            assert self._broken is not None
+            raise self._broken
+        assert isinstance(item, RabbitDelivery)
+        return item
+
+    def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
+        self._callback = callback
+        while not self._buffer.empty():
+            item = self._buffer.get_nowait()
+            if isinstance(item, RabbitDelivery):
+                task = asyncio.create_task(self._run_callback(callback, item))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._buffer.put_nowait(_CLOSED)
+        try:
+            if self._consumer_tag is not None and not self._channel.is_closed:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
+        finally:
+            # Unsettled deliveries go back to the queue when the channel closes.
+            await close_quietly(self._channel)

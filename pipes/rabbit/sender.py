@@ -1,0 +1,153 @@
+"""The sending leaf: persistent, mandatory publishes on a confirm channel, every wait bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Final, final
+
+import aio_pika
+from aio_pika.abc import AbstractChannel
+
+from truba.pipes.base import Confirmation
+from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, PipeError
+from truba.pipes.rabbit.errors import map_amqp_errors
+from truba.pipes.rabbit.util import close_quietly, redact
+
+log = logging.getLogger(__name__)
+
+PERSISTENT: Final = aio_pika.DeliveryMode.PERSISTENT
+
+
+@final
+class RabbitSender:
+    """Publishes persistent, mandatory messages to one queue and tracks them until confirmed.
+
+    At most ``max_unconfirmed`` messages are in flight; ``send`` waits for room (backpressure).
+    A confirm that does not arrive within ``confirm_timeout`` (e.g. a memory alarm blocks the
+    connection) breaks the sender: its messages stay in ``unconfirmed()``. A nack or an
+    unroutable return fails that message's confirmation with MessageRejected and keeps it too.
+    """
+
+    def __init__(
+        self,
+        channel: AbstractChannel,
+        queue: str,
+        url: str,
+        confirm_timeout: float,
+        max_unconfirmed: int,
+    ) -> None:
+        self._channel = channel
+        self._queue = queue
+        self._url = url
+        self._confirm_timeout = confirm_timeout
+        self._window = asyncio.Semaphore(max_unconfirmed)
+        self._pending: dict[int, tuple[bytes, Confirmation]] = {}
+        self._seq = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._broken: PipeError | None = None
+        channel.close_callbacks.add(self._on_channel_closed)
+
+    name = "rabbit"
+
+    def _on_channel_closed(self, _: object, exc: BaseException | None = None) -> None:
+        if not self._closed and self._broken is None:
+            self._broken = ChannelLost(f"channel to {redact(self._url)} closed: {exc!r}")
+            log.warning("pipe.rabbit.sender.broken", extra={"broker": redact(self._url), "error": repr(exc)})
+        # Fail every pending confirm now: the messages stay listed as unconfirmed.
+        for _, confirmation in self._pending.values():
+            _fail(confirmation, self._broken or PipeClosed("sender closed before the confirm arrived"))
+
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise PipeClosed(f"sender to {self._queue} is closed")
+        if self._broken is not None:
+            raise self._broken
+
+    async def send(self, message: bytes) -> Confirmation:
+        self._check_usable()
+        await self._window.acquire()
+        try:
+            self._check_usable()
+        except PipeError:
+            self._window.release()
+            raise
+        self._seq += 1
+        seq = self._seq
+        confirmation: Confirmation = asyncio.get_running_loop().create_future()
+        confirmation.add_done_callback(_mark_retrieved)
+        self._pending[seq] = (message, confirmation)
+        task = asyncio.create_task(self._publish(seq, message, confirmation))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        # Yield once so the publish frame is queued before the caller moves on: ordering and
+        # "accepted" both hold when send returns.
+        await asyncio.sleep(0)
+        return confirmation
+
+    async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
+        amqp_message = aio_pika.Message(body, delivery_mode=PERSISTENT)
+        try:
+            with map_amqp_errors(f"publish to {self._queue} on {redact(self._url)}"):
+                await self._channel.default_exchange.publish(
+                    amqp_message, self._queue, mandatory=True, timeout=self._confirm_timeout
+                )
+        except MessageRejected as exc:
+            log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})
+            _fail(confirmation, exc)
+        except PipeError as exc:
+            if self._broken is None:
+                self._broken = exc
+                log.warning(
+                    "pipe.rabbit.sender.broken",
+                    extra={"broker": redact(self._url), "queue": self._queue, "error": repr(exc)},
+                )
+                closing = asyncio.create_task(close_quietly(self._channel))
+                self._tasks.add(closing)
+                closing.add_done_callback(self._tasks.discard)
+            _fail(confirmation, self._broken)
+        except asyncio.CancelledError:
+            _fail(confirmation, PipeClosed("sender closed before the confirm arrived"))
+            raise
+        else:
+            self._pending.pop(seq, None)
+            if not confirmation.done():
+                confirmation.set_result(None)
+        finally:
+            self._window.release()
+
+    def unconfirmed(self) -> Sequence[bytes]:
+        return [body for body, _ in self._pending.values()]
+
+    def drop_unconfirmed(self) -> None:
+        self._pending.clear()
+
+    def load(self) -> int:
+        """Unconfirmed messages: what a balancer compares."""
+        return len(self._pending)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._tasks and self._broken is None:
+                # Bounded wait for outstanding confirms; whatever is left stays unconfirmed.
+                await asyncio.wait(set(self._tasks), timeout=self._confirm_timeout)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await close_quietly(self._channel)
+
+
+def _mark_retrieved(future: Confirmation) -> None:
+    # Callers that never await a confirmation must not get "exception was never retrieved".
+    if not future.cancelled():
+        future.exception()
+
+
+def _fail(confirmation: Confirmation, exc: BaseException) -> None:
+    if not confirmation.done():
+        confirmation.set_exception(exc)

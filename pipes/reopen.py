@@ -1,0 +1,230 @@
+"""Leaf wrapper: when the sender below breaks, open a fresh one and carry on. Nothing else.
+
+A reopen sender/listener wraps a *connector* (an async function returning a fresh leaf), like
+tower's ``Reconnect`` wraps a MakeService, and moves through explicit states::
+
+    IDLE ──send/get──▶ CONNECTING ──ok──▶ CONNECTED ──PipeBroken──▶ BROKEN ──reopened──▶ CONNECTED
+      ▲                    │ first error goes to the caller             │ (background, backoff)
+      └────────────────────┘                                  any ──close()──▶ CLOSED
+
+- The first connect error goes to the caller (fail fast: a wrong URL is not retried forever).
+- After a break, reconnecting runs in the background with backoff, each attempt bounded by
+  ``connect_timeout``; meanwhile ``send`` raises the break's (retryable) error at once, so an
+  outer balancer routes around this broker instead of waiting on it, and ``get`` returns None.
+- Sender: every message not yet confirmed is kept with the caller's confirmation; after a
+  reopen it is sent again on the new channel and the same confirmation resolves. Duplicates are
+  possible only for messages that were never confirmed.
+- The listener twin is :mod:`truba.pipes.reopen_listener`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import functools
+import itertools
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar, final
+
+from truba.pipes.base import Confirmation, Sender
+from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
+from truba.pipes.retry import Backoff
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+REOPEN_BACKOFF = Backoff(attempts=None, base=0.1, cap=5.0)
+
+
+class State(enum.Enum):
+    IDLE = "idle"
+    CONNECTING = "connecting"
+    CONNECTED = "connected"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+@dataclass
+class _Entry(Generic[T]):
+    message: T
+    outer: Confirmation
+    inner: Confirmation | None = None
+
+
+def _is_break(exc: BaseException) -> bool:
+    return isinstance(exc, PipeBroken | SendTimeout)
+
+
+@final
+class ReopenSender(Generic[T]):
+    """A sender that survives its transport: reconnects and re-sends what was unconfirmed."""
+
+    name = "reopen"
+
+    def __init__(
+        self,
+        connect: Callable[[], Awaitable[Sender[T]]],
+        *,
+        label: str = "",
+        connect_timeout: float = 10.0,
+        backoff: Backoff = REOPEN_BACKOFF,
+    ) -> None:
+        self._connect = connect
+        self.label = label
+        self._connect_timeout = connect_timeout
+        self._backoff = backoff
+        self.state = State.IDLE
+        self.inner: Sender[T] | None = None
+        self.reopened = 0
+        self._entries: dict[int, _Entry[T]] = {}
+        self._seq = itertools.count()
+        self._error: PipeError | None = None
+        self._reopener: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def ready(self) -> bool:
+        """False while broken or closed: an outer balancer should send elsewhere."""
+        return self.state in (State.IDLE, State.CONNECTED)
+
+    async def _open(self) -> Sender[T]:
+        try:
+            return await asyncio.wait_for(self._connect(), self._connect_timeout)
+        except TimeoutError as exc:
+            raise SendTimeout(f"{self.label}: connect took longer than {self._connect_timeout} s") from exc
+
+    async def _inner_for_send(self) -> Sender[T]:
+        if self.state is State.CLOSED:
+            raise PipeClosed(f"{self.label}: sender is closed")
+        if self.state is State.CONNECTED and self.inner is not None:
+            return self.inner
+        if self.state is State.BROKEN:
+            assert self._error is not None
+            raise self._error
+        async with self._lock:  # IDLE: the first connect, inline; its error goes to the caller
+            if self.state is State.IDLE:
+                self.state = State.CONNECTING
+                try:
+                    self.inner = await self._open()
+                except BaseException:
+                    self.state = State.IDLE
+                    raise
+                self.state = State.CONNECTED
+                log.info("pipe.reopen.connected", extra={"pipe": self.label})
+        return await self._inner_for_send()
+
+    async def send(self, message: T) -> Confirmation:
+        inner = await self._inner_for_send()
+        try:
+            inner_confirmation = await inner.send(message)
+        except PipeError as exc:
+            if _is_break(exc):
+                self._broke(inner, exc)
+            raise
+        entry = _Entry(message, asyncio.get_running_loop().create_future(), inner_confirmation)
+        entry.outer.add_done_callback(_retrieve)
+        seq = next(self._seq)
+        self._entries[seq] = entry
+        inner_confirmation.add_done_callback(functools.partial(self._settled, seq, entry, inner))
+        return entry.outer
+
+    def _settled(self, seq: int, entry: _Entry[T], inner: Sender[T], done: Confirmation) -> None:
+        if entry.inner is not done or entry.outer.done():
+            return  # superseded by a re-send, or dropped
+        exc = None if done.cancelled() else done.exception()
+        if done.cancelled():
+            exc = PipeBroken(f"{self.label}: confirmation cancelled")
+        if exc is None:
+            self._entries.pop(seq, None)
+            entry.outer.set_result(None)
+        elif _is_break(exc):
+            assert isinstance(exc, PipeError)
+            self._broke(inner, exc)  # the entry waits for the new channel
+        else:
+            entry.outer.set_exception(exc)  # rejected: still ours, listed as unconfirmed
+
+    def _broke(self, inner: Sender[T], exc: PipeError) -> None:
+        if inner is not self.inner or self.state in (State.BROKEN, State.CLOSED):
+            return
+        self.state = State.BROKEN
+        self._error = exc
+        log.warning("pipe.reopen.broken", extra={"pipe": self.label, "error": f"{type(exc).__name__}: {exc}"})
+        self._reopener = asyncio.create_task(self._reopen(inner))
+
+    async def _reopen(self, dead: Sender[T]) -> None:
+        dead.drop_unconfirmed()
+        with contextlib.suppress(PipeError):
+            await asyncio.wait_for(dead.close(), 1.0)
+        attempt = 0
+        while self.state is State.BROKEN:
+            await self._backoff.sleep(self._backoff.delay(attempt))
+            try:
+                fresh = await self._open()
+            except PipeError as exc:
+                attempt += 1
+                self._error = exc if exc.retryable else self._error
+                log.warning(
+                    "pipe.reopen.attempt_failed",
+                    extra={"pipe": self.label, "attempt": attempt, "error": f"{type(exc).__name__}: {exc}"},
+                )
+                continue
+            if self.state is not State.BROKEN:  # closed meanwhile
+                await fresh.close()
+                return
+            self.inner, self.state, self.reopened = fresh, State.CONNECTED, self.reopened + 1
+            pending = [(seq, e) for seq, e in self._entries.items() if not e.outer.done()]
+            log.info(
+                "pipe.reopen.reopened",
+                extra={"pipe": self.label, "attempts": attempt + 1, "resend": len(pending)},
+            )
+            for seq, entry in pending:
+                try:
+                    entry.inner = await fresh.send(entry.message)
+                except PipeError as exc:
+                    if _is_break(exc):
+                        self._broke(fresh, exc)
+                        return
+                    entry.outer.set_exception(exc)
+                    continue
+                entry.inner.add_done_callback(functools.partial(self._settled, seq, entry, fresh))
+            return
+
+    def unconfirmed(self) -> Sequence[T]:
+        return [entry.message for entry in self._entries.values()]
+
+    def drop_unconfirmed(self) -> None:
+        for entry in self._entries.values():
+            if not entry.outer.done():
+                entry.outer.set_exception(PipeBroken(f"{self.label}: dropped, re-sent elsewhere"))
+        self._entries.clear()
+        if self.inner is not None:
+            self.inner.drop_unconfirmed()
+
+    async def close(self) -> None:
+        if self.state is State.CLOSED:
+            return
+        self.state = State.CLOSED
+        if self._reopener is not None:
+            self._reopener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reopener
+        if self.inner is not None:
+            await self.inner.close()
+        for entry in self._entries.values():
+            if not entry.outer.done() and entry.inner is not None and entry.inner.done():
+                entry.outer.set_exception(PipeClosed(f"{self.label}: closed before the confirm"))
+
+
+def reopen(
+    connect: Callable[[], Awaitable[Sender[T]]], *, label: str = "", connect_timeout: float = 10.0
+) -> ReopenSender[T]:
+    """Leaf wrapper: a sender over ``connect()`` that reopens it when it breaks."""
+    return ReopenSender(connect, label=label, connect_timeout=connect_timeout)
+
+
+def _retrieve(future: Confirmation) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -1,0 +1,114 @@
+"""Layer: on a retryable error, try again after a backoff. Nothing else.
+
+Retryability is a property of the error (:attr:`PipeError.retryable`): a broken transport or an
+expired wait is retried, a closed pipe, a rejected message or a poison message is not. The policy
+(:class:`Backoff`) and the clock (``sleep``) are injected, so tests run without real waits. A
+sender that gives up re-raises the *last* cause unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+from truba.pipes.base import Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.errors import PipeError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Full-jitter exponential backoff: attempt ``n`` waits a random time in ``[0, min(cap, base·2ⁿ)]``.
+
+    ``attempts`` bounds the tries (None: forever). ``sleep`` and ``rng`` are injectable.
+    """
+
+    attempts: int | None = 5
+    base: float = 0.05
+    cap: float = 5.0
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    rng: Callable[[float, float], float] = field(default=random.uniform)
+
+    def delay(self, attempt: int) -> float:
+        return self.rng(0.0, min(self.cap, self.base * 2 ** min(attempt, 60)))
+
+    def gives_up_after(self, attempt: int) -> bool:
+        """True when try number ``attempt`` (0-based) was the last one allowed."""
+        return self.attempts is not None and attempt + 1 >= self.attempts
+
+
+@dataclass
+class RetrySender(Generic[T]):
+    """Sends again when the inner sender raises a retryable PipeError, up to the policy's budget."""
+
+    inner: Sender[T]
+    backoff: Backoff = field(default_factory=Backoff)
+
+    async def send(self, message: T) -> Confirmation:
+        attempt = 0
+        while True:
+            try:
+                return await self.inner.send(message)
+            except PipeError as exc:
+                if not exc.retryable or self.backoff.gives_up_after(attempt):
+                    raise
+                delay = self.backoff.delay(attempt)
+                log.warning(
+                    "pipe.retry", extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)}
+                )
+                await self.backoff.sleep(delay)
+                attempt += 1
+
+    def unconfirmed(self) -> Sequence[T]:
+        return self.inner.unconfirmed()
+
+    def drop_unconfirmed(self) -> None:
+        self.inner.drop_unconfirmed()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def retry(backoff: Backoff | None = None) -> Layer[T, T]:
+    """The retry layer for senders."""
+    return lambda inner: RetrySender(inner, backoff or Backoff())
+
+
+@dataclass
+class RetryListener(Generic[T]):
+    """Takes again when the inner listener raises a retryable PipeError, up to the budget."""
+
+    inner: Listener[T]
+    backoff: Backoff = field(default_factory=Backoff)
+
+    async def get(self, timeout: float) -> Delivery[T] | None:
+        attempt = 0
+        while True:
+            try:
+                return await self.inner.get(timeout)
+            except PipeError as exc:
+                if not exc.retryable or self.backoff.gives_up_after(attempt):
+                    raise
+                delay = min(self.backoff.delay(attempt), timeout)
+                log.warning(
+                    "pipe.retry", extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)}
+                )
+                await self.backoff.sleep(delay)
+                attempt += 1
+
+    def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
+        self.inner.subscribe(callback)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def retry_listener(backoff: Backoff | None = None) -> ListenerLayer[T, T]:
+    """The retry layer for listeners."""
+    return lambda inner: RetryListener(inner, backoff or Backoff())

@@ -1,0 +1,127 @@
+"""The named stacks of truba, built from layers over RabbitMQ brokers.
+
+Sending (daemon results; client tasks with a spool)::
+
+    serialize → [spool] → retry → log → balance[reopen → rabbit, reopen → rabbit, ...]
+
+Listening (daemon tasks; client results)::
+
+    deserialize → retry → log → merge[reopen → rabbit(prefetch), reopen → rabbit(prefetch), ...]
+
+Differences from the talk's stacks, on purpose: ``reopen`` sits under ``balance``/``merge``, one
+per broker, so a broken broker is reopened alone while the others carry on, and ``balance``
+moves a broken broker's unconfirmed messages to the others at once instead of waiting for its
+reopen. ``prefetch`` is a :class:`~truba.pipes.prefetch.Window` applied by every rabbit leaf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from truba.pipes.balance import BalanceSender
+from truba.pipes.base import Codec, Layer, Listener, Sender
+from truba.pipes.log import log_errors, log_listener
+from truba.pipes.merge import MergeListener
+from truba.pipes.pipeline import ListenerPipeline, Pipeline
+from truba.pipes.prefetch import Window
+from truba.pipes.rabbit import RabbitBroker, RabbitListener, RabbitSender
+from truba.pipes.reopen import ReopenSender
+from truba.pipes.reopen_listener import ReopenListener
+from truba.pipes.retry import Backoff, retry, retry_listener
+from truba.pipes.serialize import deserialize, serialize
+
+T = TypeVar("T")
+
+UNTIL_SUCCESS = Backoff(attempts=None, base=0.05, cap=5.0)
+
+
+@dataclass(frozen=True)
+class SendOptions:
+    """Knobs of a sending stack. ``max_unconfirmed`` caps each broker's unconfirmed messages."""
+
+    confirm_timeout: float = 30.0
+    max_unconfirmed: int = 1000
+    connect_timeout: float = 10.0
+    retry: Backoff = field(default=UNTIL_SUCCESS)
+
+
+def _sender_connector(
+    broker: RabbitBroker, queue: str, options: SendOptions
+) -> Callable[[], Awaitable[RabbitSender]]:
+    async def connect() -> RabbitSender:
+        return await broker.sender(
+            queue, confirm_timeout=options.confirm_timeout, max_unconfirmed=options.max_unconfirmed
+        )
+
+    return connect
+
+
+def _listener_connector(
+    broker: RabbitBroker, queue: str, window: Window
+) -> Callable[[], Awaitable[RabbitListener]]:
+    async def connect() -> RabbitListener:
+        leaf = await broker.listener(queue, prefetch=window.size)
+        window.watch(leaf.set_prefetch)
+        return leaf
+
+    return connect
+
+
+def send_stack(
+    codec: Codec[T],
+    brokers: Sequence[RabbitBroker],
+    queue: str,
+    *,
+    role: str = "send",
+    spool: Layer[bytes, bytes] | None = None,
+    options: SendOptions | None = None,
+) -> Sender[T]:
+    """``serialize → [spool] → retry → log → balance[reopen → rabbit, ...]`` publishing to ``queue``.
+
+    The daemon's result sender is this stack without a spool; the client's task sender has one.
+    """
+    opts = options or SendOptions()
+    leaves: list[Sender[bytes]] = [
+        ReopenSender(
+            _sender_connector(broker, queue, opts),
+            label=f"{queue}@{broker.name}",
+            connect_timeout=opts.connect_timeout,
+        )
+        for broker in brokers
+    ]
+    start: Pipeline[T, T] = Pipeline(lambda sender: sender)
+    encoded = start.layer(serialize(codec))
+    spooled = encoded.layer(spool) if spool is not None else encoded
+    retried: Pipeline[T, bytes] = spooled.layer(retry(opts.retry))
+    logged: Pipeline[T, bytes] = retried.layer(log_errors(role))
+    return logged.build(BalanceSender(leaves, max_load=opts.max_unconfirmed))
+
+
+def listen_stack(
+    codec: Codec[T],
+    brokers: Sequence[RabbitBroker],
+    queue: str,
+    window: Window,
+    *,
+    role: str = "listen",
+    connect_timeout: float = 10.0,
+) -> Listener[T]:
+    """``deserialize → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
+
+    The daemon's task listener and the client's result listener are this stack.
+    """
+    leaves: list[Listener[bytes]] = [
+        ReopenListener(
+            _listener_connector(broker, queue, window),
+            label=f"{queue}@{broker.name}",
+            connect_timeout=connect_timeout,
+        )
+        for broker in brokers
+    ]
+    start: ListenerPipeline[T, T] = ListenerPipeline(lambda listener: listener)
+    decoded = start.layer(deserialize(codec))
+    retried: ListenerPipeline[T, bytes] = decoded.layer(retry_listener(UNTIL_SUCCESS))
+    logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
+    return logged.build(MergeListener(leaves))

@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from truba.pipes.errors import ConnectionLost, MessageRejected, PipeBroken, PipeClosed
+from truba.pipes.reopen import ReopenSender, State
+from truba.pipes.reopen_listener import ReopenListener
+from truba.pipes.retry import Backoff
+from truba.pipes.testing import FakeListener, FakeSender
+
+
+async def _no_sleep(_: float) -> None:
+    await asyncio.sleep(0)
+
+
+FAST = Backoff(attempts=None, sleep=_no_sleep)
+
+
+class Connector:
+    """Hands out fresh fakes; fails the next ``failures`` connects."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.senders: list[FakeSender[str]] = []
+        self.listeners: list[FakeListener[str]] = []
+        self.failures = failures
+
+    def _maybe_fail(self) -> None:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionLost("broker refused")
+
+    async def sender(self) -> FakeSender[str]:
+        self._maybe_fail()
+        self.senders.append(FakeSender())
+        return self.senders[-1]
+
+    async def listener(self) -> FakeListener[str]:
+        self._maybe_fail()
+        self.listeners.append(FakeListener())
+        return self.listeners[-1]
+
+
+async def _until(condition: object) -> None:
+    for _ in range(500):
+        if condition():  # type: ignore[operator]
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("condition not reached")
+
+
+async def test_the_first_connect_error_goes_to_the_caller() -> None:
+    connector = Connector(failures=1)
+    sender = ReopenSender(connector.sender, backoff=FAST)
+    with pytest.raises(ConnectionLost):
+        await sender.send("m")
+    assert sender.state is State.IDLE
+    await sender.send("m")  # the next call connects
+    assert sender.state is State.CONNECTED and connector.senders[0].sent == ["m"]
+
+
+async def test_a_break_reopens_and_resends_unconfirmed_with_the_same_confirmations() -> None:
+    connector = Connector()
+    sender = ReopenSender(connector.sender, backoff=FAST)
+    confirmations = [await sender.send(f"m{i}") for i in range(3)]
+    first = connector.senders[0]
+    first.confirm(1)
+    await asyncio.sleep(0)
+    connector.failures = 2  # the broker is down for two attempts
+    first.break_(PipeBroken("connection reset"))
+    await _until(lambda: sender.state is State.CONNECTED and len(connector.senders) == 2)
+    second = connector.senders[1]
+    assert second.sent == ["m1", "m2"]  # only what was unconfirmed, in order
+    assert first.unconfirmed() == []  # handed over, not kept twice
+    second.confirm()
+    await asyncio.wait_for(asyncio.gather(*confirmations), 1.0)
+    assert sender.unconfirmed() == [] and sender.reopened == 1
+
+
+async def test_while_broken_send_fails_fast_with_a_retryable_error() -> None:
+    connector = Connector()
+    sender = ReopenSender(connector.sender, backoff=Backoff(attempts=None, base=10.0, cap=10.0))
+    await sender.send("m")
+    connector.senders[0].break_(PipeBroken("gone"))
+    await asyncio.sleep(0)
+    assert not sender.ready
+    with pytest.raises(PipeBroken) as raised:
+        await asyncio.wait_for(sender.send("n"), 0.5)
+    assert raised.value.retryable
+    assert sender.unconfirmed() == ["m"]
+    await sender.close()
+    await sender.close()
+    with pytest.raises(PipeClosed):
+        await sender.send("x")
+
+
+async def test_a_rejected_message_is_not_resent_but_stays_unconfirmed() -> None:
+    connector = Connector()
+    sender = ReopenSender(connector.sender, backoff=FAST)
+    confirmation = await sender.send("returned")
+    connector.senders[0].reject(1)
+    with pytest.raises(MessageRejected):
+        await confirmation
+    assert sender.unconfirmed() == ["returned"]
+    sender.drop_unconfirmed()
+    assert sender.unconfirmed() == []
+
+
+async def test_listener_reopens_and_drops_settling_of_old_deliveries() -> None:
+    connector = Connector()
+    listener = ReopenListener(connector.listener, backoff=FAST)
+    assert await listener.get(0.01) is None  # connects
+    connector.listeners[0].push("a")
+    old = await listener.get(1.0)
+    assert old is not None and old.message == "a"
+    connector.listeners[0].close_from_remote(PipeBroken("channel closed"))
+    assert await listener.get(0.05) is None
+    await _until(lambda: len(connector.listeners) == 2 and listener.state is State.CONNECTED)
+    await old.ack()  # dropped: the broker has requeued it already; must not raise
+    assert connector.listeners[0].acked == []
+    connector.listeners[1].push("a", redelivered=True)
+    again = await listener.get(1.0)
+    assert again is not None and again.redelivered
+    await again.ack()
+    assert connector.listeners[1].acked == ["a"]
+    await listener.close()
+    with pytest.raises(PipeClosed):
+        await listener.get(0.01)
+
+
+async def test_a_blocked_listener_get_wakes_on_close() -> None:
+    connector = Connector()
+    listener = ReopenListener(connector.listener, backoff=FAST)
+    assert await listener.get(0.01) is None
+    waiter = asyncio.create_task(listener.get(10.0))
+    await asyncio.sleep(0.01)
+    await listener.close()
+    with pytest.raises(PipeClosed):
+        await asyncio.wait_for(waiter, 1.0)
