@@ -10,7 +10,9 @@ taken out of rotation for a cooldown that grows with repeated failures, and its 
 messages are moved: sent again through the other senders, then dropped from the broken one. The
 caller's confirmation follows its message wherever it goes. Duplicates can arise only for
 messages that were never confirmed. A sender may say it is not ready (``ready`` False, as
-:class:`~truba.pipes.reopen.ReopenSender` does while reconnecting) and is then skipped.
+:class:`~truba.pipes.reopen.ReopenSender` does while reconnecting) and is then skipped; one
+that offers ``on_break(callback)`` reports its breaks at once, so its messages move without
+waiting for its reconnect.
 """
 
 from __future__ import annotations
@@ -79,6 +81,14 @@ class BalanceSender(Generic[T]):
         self._moves: set[asyncio.Task[None]] = set()
         self._closed = False
         self.moved = 0
+        for index, sender in enumerate(self.inners):
+            on_break = getattr(sender, "on_break", None)
+            if on_break is not None:  # learn of a break at once, not at the next send
+                on_break(functools.partial(self._broke, index))
+
+    def _broke(self, index: int, exc: PipeError) -> None:
+        if not self._closed:
+            self._mark_down(index, exc)
 
     def loads(self) -> list[int]:
         """Messages awaiting a confirm, per sender."""

@@ -84,6 +84,11 @@ class ReopenSender(Generic[T]):
         self._error: PipeError | None = None
         self._reopener: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
+        self._break_listeners: list[Callable[[PipeError], None]] = []
+
+    def on_break(self, callback: Callable[[PipeError], None]) -> None:
+        """Calls ``callback(error)`` whenever the pipe below breaks (a balancer moves messages then)."""
+        self._break_listeners.append(callback)
 
     @property
     def ready(self) -> bool:
@@ -153,6 +158,8 @@ class ReopenSender(Generic[T]):
         self._error = exc
         log.warning("pipe.reopen.broken", extra={"pipe": self.label, "error": f"{type(exc).__name__}: {exc}"})
         self._reopener = asyncio.create_task(self._reopen(inner))
+        for callback in self._break_listeners:
+            callback(exc)
 
     async def _reopen(self, dead: Sender[T]) -> None:
         dead.drop_unconfirmed()

@@ -16,6 +16,9 @@ Contract of :class:`SpoolSender` (``Sender[bytes] -> Sender[bytes]``):
   at once; the sync :func:`spool` layer (for the builder) replays on the first ``send``, or when
   the owner calls ``replay()``. A replayed or re-sent message may reach a broker twice; truba
   deduplicates by task id. A message is never lost while its record is held.
+- Forgetting writes a mark (no fsync) in the loop iteration after the confirm, before anyone
+  awaiting that confirmation resumes: after a process crash, a message whose confirmation was
+  seen is not replayed; after a power loss it may be, as a duplicate.
 - One owner per directory (``flock``): a second opener gets :class:`SpoolLocked`.
 
 Fsync policies, and what a message whose ``send`` returned survives:
@@ -57,8 +60,6 @@ log = logging.getLogger(__name__)
 
 FsyncPolicy = Literal["always", "batch", "never"]
 SEGMENT_BYTES: Final = 64 * 1024 * 1024
-FORGET_FLUSH_DELAY: Final = 0.05
-"""Seconds forget marks may wait in memory; losing them in a crash only causes duplicates."""
 
 
 @final
@@ -89,7 +90,7 @@ class SpoolSender:
         self._resending = asyncio.Lock()
         self._waiters: list[asyncio.Future[None]] = []
         self._committer: asyncio.Task[None] | None = None
-        self._flush: asyncio.TimerHandle | None = None
+        self._flush: asyncio.Handle | None = None
         self._closed = False
         log.info(
             "pipe.spool.opened",
@@ -266,8 +267,11 @@ class SpoolSender:
         self._schedule_flush()
 
     def _schedule_flush(self) -> None:
+        # One write for all the marks of a loop iteration, queued before the callbacks (and
+        # awaiting tasks) that see the confirmations: whoever saw a confirm, a process crash
+        # cannot bring that message back.
         if self._flush is None and not self._closed:
-            self._flush = asyncio.get_running_loop().call_later(FORGET_FLUSH_DELAY, self._flush_forgets)
+            self._flush = asyncio.get_running_loop().call_soon(self._flush_forgets)
 
     def _flush_forgets(self) -> None:
         self._flush = None

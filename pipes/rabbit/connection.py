@@ -13,7 +13,7 @@ import aio_pika
 import aiormq.exceptions as amqp
 from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
 
-from truba.pipes.errors import PipeClosed
+from truba.pipes.errors import ConnectionLost, PipeClosed
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
 from truba.pipes.rabbit.sender import RabbitSender
@@ -56,6 +56,7 @@ class RabbitConnection:
         self._connection = connection
         self.url = url
         self.name = name
+        self._dead = False
 
     @classmethod
     async def open(
@@ -82,13 +83,20 @@ class RabbitConnection:
 
     @property
     def is_closed(self) -> bool:
-        return bool(self._connection.is_closed)
+        return self._dead or bool(self._connection.is_closed)
 
     async def _channel(self, *, confirms: bool) -> AbstractChannel:
-        with map_amqp_errors(f"open channel on {redact(self.url)}"):
-            return await asyncio.wait_for(
-                self._connection.channel(publisher_confirms=confirms, on_return_raises=confirms), 10.0
-            )
+        what = f"open channel on {redact(self.url)}"
+        try:
+            with map_amqp_errors(what):
+                return await asyncio.wait_for(
+                    self._connection.channel(publisher_confirms=confirms, on_return_raises=confirms), 10.0
+                )
+        except RuntimeError as exc:
+            # aiormq says "<Connection ...> closed" with a bare RuntimeError, sometimes before
+            # aio-pika's own state knows it: the connection is dead, the link must open a new one.
+            self._dead = True
+            raise ConnectionLost(f"{what}: the connection is closed ({exc})") from exc
 
     async def sender(
         self, queue: str, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000

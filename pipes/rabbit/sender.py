@@ -109,8 +109,14 @@ class RabbitSender:
                 closing.add_done_callback(self._tasks.discard)
             _fail(confirmation, self._broken)
         except asyncio.CancelledError:
-            _fail(confirmation, PipeClosed("sender closed before the confirm arrived"))
-            raise
+            task = asyncio.current_task()
+            if self._closed or (task is not None and task.cancelling()):
+                _fail(confirmation, PipeClosed("sender closed before the confirm arrived"))
+                raise
+            # aiormq cancels pending confirms when the connection dies under us: a break, not a close.
+            if self._broken is None:
+                self._broken = ChannelLost(f"channel to {redact(self._url)} lost before the confirm arrived")
+            _fail(confirmation, self._broken)
         else:
             self._pending.pop(seq, None)
             if not confirmation.done():
