@@ -180,9 +180,8 @@ async def test_a_memory_alarm_bounds_sends_moves_traffic_and_traffic_resumes_aft
     after = await _send_all(sender, range(1100, 2100))
     await asyncio.wait_for(asyncio.gather(*after), 30)
     counts_after = await asyncio.to_thread(a.list_queues)
-    print(
-        f"alarm: 1000 sends confirmed in {blocked_for:.1f} s; a held {counts_during.get(queue)} then {counts_after[queue]}"
-    )
+    held = f"a held {counts_during.get(queue)} then {counts_after[queue]}"
+    print(f"alarm: 1000 sends confirmed in {blocked_for:.1f} s; {held}")
     assert blocked_for < 20  # bounded by the 2 s confirm timeout, not blocked for good
     assert counts_after[queue] > (counts_during.get(queue) or 0), "traffic did not come back to broker a"
     seen = await _drain(links_factory([a.url, b.url]), queue, 2100)
