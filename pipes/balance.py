@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
-from truba.pipes.base import Confirmation, Sender
+from truba.pipes.base import Confirmation, Sender, close_all
 from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
@@ -197,23 +197,23 @@ class BalanceSender(Generic[T]):
         )
         if not stranded:
             return
-        for seq, _ in stranded:
-            del self._entries[seq]
+        for _, entry in stranded:  # still listed as unconfirmed until placed elsewhere
+            entry.index, entry.inner = -1, None
             self._load[index] -= 1
         self._room.set()
         self.inners[index].drop_unconfirmed()
-        task = asyncio.create_task(self._move([e for _, e in stranded], index))
+        task = asyncio.create_task(self._move(stranded, index))
         self._moves.add(task)
         task.add_done_callback(self._moves.discard)
 
-    async def _move(self, stranded: list[_Entry[T]], index: int) -> None:
+    async def _move(self, stranded: list[tuple[int, _Entry[T]]], index: int) -> None:
         """Re-sends messages of a broken sender elsewhere, retrying until placed or closed."""
-        for entry in stranded:
-            entry.inner = None
+        for old_seq, entry in stranded:
             attempt = 0
             while not entry.outer.done():
                 try:
                     await self._place(entry, exclude=index)
+                    self._entries.pop(old_seq, None)  # listed under its new seq now
                     self.moved += 1
                     break
                 except PipeClosed:
@@ -240,8 +240,7 @@ class BalanceSender(Generic[T]):
         self._room.set()
         for task in list(self._moves):
             task.cancel()
-        await asyncio.gather(*self._moves, return_exceptions=True)
-        await asyncio.gather(*(sender.close() for sender in self.inners), return_exceptions=True)
+        await close_all(*self._moves, *(sender.close() for sender in self.inners))
 
 
 def balance(senders: Sequence[Sender[T]], max_load: int = 1000) -> BalanceSender[T]:

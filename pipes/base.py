@@ -123,3 +123,13 @@ Layer = Callable[[Sender[In]], Sender[Out]]
 
 ListenerLayer = Callable[[Listener[In]], Listener[Out]]
 """Wraps a ``Listener[In]`` into a ``Listener[Out]``, adding one concern."""
+
+
+async def close_all(*closers: Awaitable[object]) -> None:
+    """Runs ``closers`` to the end even if the caller is cancelled meanwhile (then re-raises that).
+
+    A cancelled ``close()`` must still close: the closing work runs in its own task, shielded
+    from the caller's cancellation, and errors of individual closers are ignored (logged by them).
+    """
+    closing = asyncio.ensure_future(asyncio.gather(*closers, return_exceptions=True))
+    await asyncio.shield(closing)

@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Generic, TypeVar, final
 
-from truba.pipes.base import Delivery, Listener
+from truba.pipes.base import Delivery, Listener, close_all
 from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
@@ -75,10 +75,13 @@ class MergeListener(Generic[T]):
             raise PipeClosed("merged listener is closed")
         if self._queue.empty() and self._broken is not None:
             raise self._broken
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except TimeoutError:
-            return None
+        if not self._queue.empty():  # busy: no timer task needed
+            item = self._queue.get_nowait()
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except TimeoutError:
+                return None
         if item is None:
             if self._closed:
                 self._queue.put_nowait(None)
@@ -104,8 +107,7 @@ class MergeListener(Generic[T]):
         self._queue.put_nowait(None)
         for pump in self._pumps:
             pump.cancel()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
-        await asyncio.gather(*(listener.close() for listener in self._listeners), return_exceptions=True)
+        await close_all(*self._pumps, *(listener.close() for listener in self._listeners))
 
 
 def merge(listeners: Sequence[Listener[T]]) -> MergeListener[T]:

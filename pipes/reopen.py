@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
-from truba.pipes.base import Confirmation, Sender
+from truba.pipes.base import Confirmation, Sender, close_all
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
 from truba.pipes.retry import Backoff
 
@@ -216,10 +216,7 @@ class ReopenSender(Generic[T]):
         self.state = State.CLOSED
         if self._reopener is not None:
             self._reopener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reopener
-        if self.inner is not None:
-            await self.inner.close()
+        await close_all(*[t for t in (self._reopener,) if t is not None], *[s.close() for s in (self.inner,) if s])
         for entry in self._entries.values():
             if not entry.outer.done() and entry.inner is not None and entry.inner.done():
                 entry.outer.set_exception(PipeClosed(f"{self.label}: closed before the confirm"))

@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, final
 
-from truba.pipes.base import Delivery, Listener
+from truba.pipes.base import Delivery, Listener, close_all
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
 from truba.pipes.reopen import REOPEN_BACKOFF, State
 from truba.pipes.retry import Backoff
@@ -199,14 +199,10 @@ class ReopenListener(Generic[T]):
             return
         self.state = State.CLOSED
         self._connected.set()  # wake waiting gets
-        for task in (self._reopener, self._pump):
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        if self.inner is not None:
-            await self.inner.close()
-
+        tasks = [t for t in (self._reopener, self._pump) if t is not None and t is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await close_all(*tasks, *[inner.close() for inner in (self.inner,) if inner is not None])
 
 def reopen_listener(
     connect: Callable[[], Awaitable[Listener[T]]], *, label: str = "", connect_timeout: float = 10.0

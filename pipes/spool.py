@@ -68,6 +68,9 @@ class SpoolSender:
 
     Build with :meth:`open` (async, replays at once) or the :func:`spool` layer (replays lazily).
 
+    A ``send`` cancelled after its record was written leaves the message held (listed by
+    ``unconfirmed()``, sent again by ``resend_held()`` or the next run's replay).
+
     Raises:
         SpoolFull, SpoolError: the record could not be written (or fsynced); nothing was sent.
         PipeClosed: after ``close()``.
@@ -139,6 +142,7 @@ class SpoolSender:
             self._check_open()
         seq = self._log.append(message)
         self._held[seq] = message
+        self._in_flight.add(seq)  # this send owns it: resend_held must not send it too
         try:
             if self.fsync == "always":
                 self._log.sync()
@@ -147,14 +151,22 @@ class SpoolSender:
         except SpoolError:
             # Durability unknown: the caller is told it failed. The record may still come back
             # after a restart, as a duplicate of whatever the caller does next.
+            self._in_flight.discard(seq)
             self._held.pop(seq, None)
+            raise
+        except BaseException:  # cancelled: the message stays held, for resend_held or replay
+            self._in_flight.discard(seq)
             raise
         try:
             return await self._hand(seq, message)
         except PipeError:
             log.debug("pipe.spool.send_failed", extra={"seq": seq})
+            self._in_flight.discard(seq)
             if self._held.pop(seq, None) is not None:
                 self._forget(seq)
+            raise
+        except BaseException:
+            self._in_flight.discard(seq)
             raise
 
     async def replay(self) -> list[Confirmation]:
@@ -232,8 +244,7 @@ class SpoolSender:
     async def _hand(self, seq: int, message: bytes) -> Confirmation:
         confirmation = await self.inner.send(message)
         self._in_flight.add(seq)
-        outer: Confirmation = asyncio.get_running_loop().create_future()
-        outer.add_done_callback(_mark_retrieved)
+        outer: Confirmation = confirmation.get_loop().create_future()
         confirmation.add_done_callback(functools.partial(self._settled, seq, outer))
         return outer
 
@@ -261,6 +272,7 @@ class SpoolSender:
             log.debug("pipe.spool.unconfirmed", extra={"seq": seq, "error": repr(error)})
             if not outer.done():
                 outer.set_exception(error)
+                outer.exception()  # callers that never await it must not get "never retrieved"
 
     def _forget(self, seq: int) -> None:
         self._log.forget(seq)
@@ -336,9 +348,3 @@ def _open_log(directory: str | os.PathLike[str], fsync: FsyncPolicy, segment_byt
     if fsync not in get_args(FsyncPolicy):
         raise ValueError(f"fsync policy must be one of {get_args(FsyncPolicy)}, not {fsync!r}")
     return SpoolLog.open(directory, durable=fsync != "never", segment_bytes=segment_bytes)
-
-
-def _mark_retrieved(future: Confirmation) -> None:
-    # Callers that never await a confirmation must not get "exception was never retrieved".
-    if not future.cancelled():
-        future.exception()

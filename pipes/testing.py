@@ -8,6 +8,7 @@ Nothing here sleeps or touches the network.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, final
@@ -16,6 +17,7 @@ from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed, PipeError
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 @final
@@ -79,7 +81,11 @@ class FakeSender(Generic[T]):
         self._pending.clear()
 
     async def close(self) -> None:
+        """Closes; pending confirmations fail with PipeClosed (the messages stay unconfirmed)."""
         self.closed = True
+        for _, confirmation in self._pending:
+            if not confirmation.done():
+                confirmation.set_exception(PipeClosed("fake sender closed before the confirm"))
 
 
 @dataclass
@@ -163,6 +169,12 @@ class FakeListener(Generic[T]):
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         self._callback = callback
+        while not self._queue.empty():  # what was already delivered goes to the callback too
+            item = self._queue.get_nowait()
+            if isinstance(item, FakeDelivery):
+                task = asyncio.get_running_loop().create_task(_call(callback, item))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
 
     async def close(self) -> None:
         self.closed = True
@@ -170,4 +182,8 @@ class FakeListener(Generic[T]):
 
 
 async def _call(callback: Callable[[Delivery[T]], Awaitable[None]], delivery: Delivery[T]) -> None:
-    await callback(delivery)
+    try:
+        await callback(delivery)
+    except Exception as exc:
+        log.error("pipe.fake.callback_failed", extra={"error": repr(exc)})
+        await delivery.reject(requeue=True)

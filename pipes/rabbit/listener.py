@@ -112,9 +112,8 @@ class RabbitListener:
             raise PipeClosed(f"listener on {self.queue} is closed")
         if self._buffer.empty() and self._broken is not None:
             raise self._broken
-        try:
-            item = await asyncio.wait_for(self._buffer.get(), timeout)
-        except TimeoutError:
+        item = await _take(self._buffer, timeout)
+        if item is None:
             return None
         if item is _CLOSED:
             self._buffer.put_nowait(_CLOSED)  # wake every other waiter too
@@ -146,3 +145,13 @@ class RabbitListener:
         finally:
             # Unsettled deliveries go back to the queue when the channel closes.
             await close_quietly(self._channel)
+
+
+async def _take(buffer: asyncio.Queue[RabbitDelivery | object], timeout: float) -> RabbitDelivery | object | None:
+    """The next item, or None after ``timeout``; no timer task when one is already waiting."""
+    if not buffer.empty():
+        return buffer.get_nowait()
+    try:
+        return await asyncio.wait_for(buffer.get(), timeout)
+    except TimeoutError:
+        return None
