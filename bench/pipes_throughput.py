@@ -83,7 +83,9 @@ async def raw(urls: Sequence[str], queue: str, n: int) -> float:
         try:
             channel = pub_channels[i % len(pub_channels)]
             await channel.default_exchange.publish(
-                aio_pika.Message(PAYLOAD, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), queue, mandatory=True
+                aio_pika.Message(PAYLOAD, delivery_mode=aio_pika.DeliveryMode.PERSISTENT),
+                queue,
+                mandatory=True,
             )
         finally:
             window.release()
@@ -109,7 +111,9 @@ async def stack(urls: Sequence[str], queue: str, n: int, spool_dir: Path | None 
         from truba.pipes.spool import spool
 
         spool_layer = spool(spool_dir, fsync="batch")
-    sender = send_stack(BytesCodec(), links, queue, spool=spool_layer, options=SendOptions(max_unconfirmed=1000))
+    sender = send_stack(
+        BytesCodec(), links, queue, spool=spool_layer, options=SendOptions(max_unconfirmed=1000)
+    )
     listener = listen_stack(BytesCodec(), links, queue, Window(1000))
     received = 0
 
@@ -135,7 +139,9 @@ async def stack(urls: Sequence[str], queue: str, n: int, spool_dir: Path | None 
     return seconds
 
 
-async def run(args: argparse.Namespace, nodes: list[LocalRabbitNode], proxy: ThreadedFaultProxy) -> dict[str, object]:
+async def run(
+    args: argparse.Namespace, nodes: list[LocalRabbitNode], proxy: ThreadedFaultProxy
+) -> dict[str, object]:
     a, b = nodes[0].url, nodes[1].url
     throttled_a = f"amqp://guest:guest@{proxy.host}:{proxy.port}/"
     n = args.messages

@@ -214,9 +214,13 @@ class ReopenSender(Generic[T]):
         if self.state is State.CLOSED:
             return
         self.state = State.CLOSED
+        closers: list[Awaitable[object]] = []
         if self._reopener is not None:
             self._reopener.cancel()
-        await close_all(*[t for t in (self._reopener,) if t is not None], *[s.close() for s in (self.inner,) if s])
+            closers.append(self._reopener)
+        if self.inner is not None:
+            closers.append(self.inner.close())
+        await close_all(*closers)
         for entry in self._entries.values():
             if not entry.outer.done() and entry.inner is not None and entry.inner.done():
                 entry.outer.set_exception(PipeClosed(f"{self.label}: closed before the confirm"))

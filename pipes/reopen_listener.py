@@ -204,6 +204,7 @@ class ReopenListener(Generic[T]):
             task.cancel()
         await close_all(*tasks, *[inner.close() for inner in (self.inner,) if inner is not None])
 
+
 def reopen_listener(
     connect: Callable[[], Awaitable[Listener[T]]], *, label: str = "", connect_timeout: float = 10.0
 ) -> ReopenListener[T]:

@@ -147,7 +147,9 @@ class RabbitListener:
             await close_quietly(self._channel)
 
 
-async def _take(buffer: asyncio.Queue[RabbitDelivery | object], timeout: float) -> RabbitDelivery | object | None:
+async def _take(
+    buffer: asyncio.Queue[RabbitDelivery | object], timeout: float
+) -> RabbitDelivery | object | None:
     """The next item, or None after ``timeout``; no timer task when one is already waiting."""
     if not buffer.empty():
         return buffer.get_nowait()
