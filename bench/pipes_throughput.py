@@ -11,7 +11,7 @@ shared and noisy, absolute numbers travel badly.
 Variants:
   raw-1        aio-pika: confirm channel, window of 1000 unconfirmed, consumer prefetch 1000
   stack-1      send_stack → listen_stack on 1 broker (no spool)
-  spool-1      the same with the client's disk buffer (fsync batch)
+  spool-1      the same with the client's disk buffer (fsync interval, the client default)
   raw-2 / stack-2      the same over 2 brokers (raw: round-robin publish, a consumer per broker)
   healthy-b    stack over broker B alone (the throttled comparison's reference)
   throttled    stack over [A behind a proxy limited to --throttle bytes/s, B]
@@ -110,7 +110,7 @@ async def stack(urls: Sequence[str], queue: str, n: int, spool_dir: Path | None 
     if spool_dir is not None:
         from truba.pipes.spool import spool
 
-        spool_layer = spool(spool_dir, fsync="batch")
+        spool_layer = spool(spool_dir, fsync="interval")
     sender = send_stack(
         BytesCodec(), links, queue, spool=spool_layer, options=SendOptions(max_unconfirmed=1000)
     )

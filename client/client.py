@@ -19,6 +19,7 @@ import asyncio
 import logging
 import os
 import socket
+from pathlib import Path
 from types import TracebackType
 
 import grpc
@@ -27,6 +28,7 @@ from truba.client.errors import map_rpc_errors
 from truba.client.job import Job
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
+from truba.pipes.spool import FsyncPolicy, spool
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultCodec, TaskCodec
@@ -44,8 +46,23 @@ class Client:
         max_unconfirmed: int = 1000,
         result_prefetch: int = 1000,
         broker_heartbeat: float = 10.0,
+        spool_dir: str | os.PathLike[str] | None = None,
+        spool_fsync: FsyncPolicy = "interval",
+        use_spool: bool = True,
     ) -> None:
+        """A client of the scheduler at ``address``.
+
+        Args:
+            max_unconfirmed: tasks awaiting a broker confirm, per broker (backpressure beyond).
+            result_prefetch: results a broker may push before they are taken, per broker.
+            spool_dir: where tasks wait on disk until a broker confirms them, one folder per job
+                (default ``$XDG_STATE_HOME/truba/spool``); ``use_spool=False`` keeps them in
+                memory only. See :mod:`truba.pipes.spool` for the fsync policies.
+        """
         self.address = address
+        self._spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
+        self._spool_fsync: FsyncPolicy = spool_fsync
+        self._use_spool = use_spool
         self._max_unconfirmed = max_unconfirmed
         self._result_prefetch = result_prefetch
         self._broker_heartbeat = broker_heartbeat
@@ -90,7 +107,12 @@ class Client:
         info = response.job
         links = [self._link(broker.url) for broker in response.brokers]
         options = SendOptions(max_unconfirmed=self._max_unconfirmed)
-        tasks = send_stack(TaskCodec(), links, info.queues.tasks, role="tasks", options=options)
+        spool_layer = None
+        if self._use_spool:
+            spool_layer = spool(self.spool_path(info.id), fsync=self._spool_fsync)
+        tasks = send_stack(
+            TaskCodec(), links, info.queues.tasks, role="tasks", spool=spool_layer, options=options
+        )
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, info.queues.results, window, role="results")
         log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(links)})
@@ -111,6 +133,10 @@ class Client:
         with map_rpc_errors():
             return await self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
 
+    def spool_path(self, job_id: str) -> Path:
+        """The folder holding a job's unconfirmed tasks."""
+        return self._spool_root / job_id
+
     def _link(self, url: str) -> RabbitBroker:
         """The shared link to one broker (one AMQP connection per broker per client)."""
         link = self._links.get(url)
@@ -127,3 +153,9 @@ class Client:
             await self._channel.close(None)
             self._channel = None
             self._stub = None
+
+
+def default_spool_dir() -> Path:
+    """``$XDG_STATE_HOME/truba/spool``, or ``~/.local/state/truba/spool``."""
+    base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
+    return Path(base) / "truba" / "spool"

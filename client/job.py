@@ -15,6 +15,7 @@ import functools
 import itertools
 import logging
 import secrets
+import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
@@ -199,6 +200,8 @@ class Job:
         await self._results.close()
         with map_rpc_errors():
             self._info = await self._client.jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=self.id))
+        # Every task has its outcome: nothing in the spool can matter any more.
+        shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
         log.info("client.job.finished", extra={"job_id": self.id, "outcomes": len(self._seen)})
 
     def on_result(self, callback: Callable[[Outcome], Awaitable[None] | None]) -> asyncio.Task[None]:
@@ -247,6 +250,7 @@ class Job:
             await self._tasks.close()
         with contextlib.suppress(PipeError):
             await self._results.close()
+        shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
 
     async def info(self) -> jobs_pb2.Job:
         """The scheduler's current view of the job."""

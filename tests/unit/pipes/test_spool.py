@@ -7,6 +7,7 @@ import errno
 import logging
 import os
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -18,7 +19,7 @@ from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed
 from truba.pipes.spool import FsyncPolicy, SpoolError, SpoolFull, SpoolLocked, SpoolSender, spool
 from truba.pipes.testing import FakeSender
 
-POLICIES: list[FsyncPolicy] = ["always", "batch", "never"]
+POLICIES: list[FsyncPolicy] = ["always", "batch", "interval", "never"]
 
 
 def segments(directory: Path) -> list[Path]:
@@ -85,7 +86,32 @@ async def test_each_message_is_on_disk_and_synced_per_policy_before_the_inner_se
         message = f"m{i}".encode()
         written, sent = events.index(("write", message)), events.index(("send", message))
         synced = ("fsync", b"") in events[written:sent]
-        assert written < sent and synced == (policy != "never"), (policy, events)
+        assert written < sent and synced == (policy in ("always", "batch")), (policy, events)
+    await sender.close()
+
+
+async def test_interval_policy_syncs_soon_after_without_delaying_the_send(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[float] = []
+
+    def slow_fdatasync(fd: int) -> None:  # a slow disk: 0.3 s per fsync
+        time.sleep(0.3)
+        synced.append(time.monotonic())
+
+    inner: FakeSender[bytes] = FakeSender(auto_confirm=True)
+    sender = await SpoolSender.open(inner, tmp_path, fsync="interval")
+    await sender.send(b"warm-up")  # creating the first segment syncs once, on purpose
+    await asyncio.sleep(0.05)
+    monkeypatch.setattr(os, "fdatasync", slow_fdatasync)
+    began = time.monotonic()
+    for i in range(20):
+        await sender.send(b"i%d" % i)
+    sent_at = time.monotonic()
+    assert sent_at - began < 0.25, "a send waited for an fsync"
+    assert len(inner.sent) == 21
+    await asyncio.sleep(0.8)
+    assert synced and synced[0] > sent_at - 0.3  # one sync covered the burst, soon after
     await sender.close()
 
 
