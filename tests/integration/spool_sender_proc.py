@@ -62,6 +62,6 @@ if __name__ == "__main__":
     url, queue, directory, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
     fsync: FsyncPolicy = "batch"
     if len(sys.argv) > 5:
-        assert sys.argv[5] in ("always", "batch", "never")
+        assert sys.argv[5] in ("always", "batch", "interval", "never")
         fsync = sys.argv[5]  # type: ignore[assignment]
     asyncio.run(main(url, queue, directory, count, fsync))
