@@ -1,9 +1,10 @@
 """Combinator: balance one stream of messages over several senders (one per broker).
 
-Each message goes to a random sender that is up and not overloaded, where load is the number
-of that sender's messages awaiting a confirm, capped per sender by ``max_load``. A slow broker
-fills up to its cap and stops getting messages without slowing the others; when every sender is
-at its cap, ``send`` waits for the first confirm (backpressure).
+Each message goes to a sender that is up and not overloaded, where load is the number of that
+sender's messages awaiting a confirm, capped per sender by ``max_load``: of two picked at random,
+the one where a new message would wait less (tower's p2c over Finagle's peak-EWMA cost). A slow
+broker gets fewer messages, never more than its cap, and does not slow the others; when every
+sender is at its cap, ``send`` waits for the first confirm (backpressure).
 
 When a sender breaks (its ``send`` raises, or a confirmation fails, with a retryable error) it is
 taken out of rotation for a cooldown that grows with repeated failures, and its unconfirmed
@@ -33,6 +34,10 @@ from truba.pipes.errors import PipeClosed, PipeError
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
+_INITIAL_SERVICE = 0.0001  # seconds per message: optimistic, so a new sender is tried soon
+_SLOW_START = 32  # unconfirmed messages a sender may hold before its first confirm
+_EWMA = 0.1  # weight of a new sample below the current estimate
+
 
 @dataclass
 class _Entry(Generic[T]):
@@ -40,6 +45,8 @@ class _Entry(Generic[T]):
     outer: Confirmation
     index: int
     inner: Confirmation | None = None
+    sent_at: float = 0.0
+    ahead: int = 0  # unconfirmed messages on its sender when it was sent
 
 
 @final
@@ -75,6 +82,9 @@ class BalanceSender(Generic[T]):
         self._load = [0] * len(senders)
         self._down_until = [0.0] * len(senders)
         self._failures = [0] * len(senders)
+        self._service = [_INITIAL_SERVICE] * len(senders)
+        self._confirmed = [0] * len(senders)
+        self._pending: list[dict[int, float]] = [{} for _ in senders]  # seq -> sent at, oldest first
         self._errors: list[PipeError | None] = [None] * len(senders)
         self._seq = itertools.count()
         self._room = asyncio.Event()
@@ -94,15 +104,14 @@ class BalanceSender(Generic[T]):
         """Messages awaiting a confirm, per sender."""
         return list(self._load)
 
-    def _candidates(self) -> tuple[list[int], bool]:
-        """Usable senders below their cap, and whether any usable one exists at all."""
+    def _usable(self) -> list[int]:
+        """Senders that are up (not cooling down after a break, and ready)."""
         now = self._now()
-        usable = [
+        return [
             i
             for i, sender in enumerate(self.inners)
             if self._down_until[i] <= now and getattr(sender, "ready", True)
         ]
-        return [i for i in usable if self._load[i] < self._max_load], bool(usable)
 
     async def send(self, message: T) -> Confirmation:
         if self._closed:
@@ -111,6 +120,43 @@ class BalanceSender(Generic[T]):
         entry.outer.add_done_callback(_retrieve)
         await self._place(entry, exclude=-1)
         return entry.outer
+
+    def _pick(self, choices: list[int]) -> int:
+        """Power of two choices: the cheaper of two random candidates (ties: the first drawn).
+
+        Cost is the time a new message would wait there: (unconfirmed + 1) × the sender's service
+        time per message, a peak EWMA (after Finagle) of each confirm's wait divided by the
+        messages it queued behind. Random keeps brokers evenly used; the cost gives a slow broker
+        a backlog as short, in time, as a fast one's, so it neither slows the others nor leaves
+        a long tail of unconfirmed messages behind. A full sender (at ``max_load``) is skipped.
+        """
+        if len(choices) == 1:
+            return choices[0]
+        first, second = self._rng.sample(choices, 2)
+        return second if self._cost(second) < self._cost(first) else first
+
+    def _cap(self, index: int) -> int:
+        """``max_load``, reached by slow start: 2 more allowed per confirm, from _SLOW_START.
+
+        Until a broker has confirmed anything its speed is unknown; a burst must not park a
+        whole window on a broker that turns out to be slow.
+        """
+        return min(self._max_load, _SLOW_START + 2 * self._confirmed[index])
+
+    def _cost(self, index: int) -> float:
+        queued = self._service[index] * (self._load[index] + 1)
+        pending = self._pending[index]
+        if not pending:
+            return queued
+        # A broker that has not confirmed its oldest message for a while is at least that slow,
+        # even before any confirm has taught us its service time.
+        oldest = pending[next(iter(pending))]
+        return max(queued, self._now() - oldest)
+
+    def _observe(self, index: int, seconds: float) -> None:
+        """Peak EWMA: jumps up to a slow sample at once, decays towards fast ones."""
+        current = self._service[index]
+        self._service[index] = seconds if seconds > current else current + (seconds - current) * _EWMA
 
     async def _place(self, entry: _Entry[T], exclude: int) -> None:
         """Sends ``entry`` through a sender (``exclude`` only if it is the last one usable).
@@ -123,12 +169,17 @@ class BalanceSender(Generic[T]):
         while True:
             if self._closed:
                 raise PipeClosed("balanced sender is closed")
-            candidates, any_usable = self._candidates()
-            choices = [i for i in candidates if i not in tried and i != exclude]
-            if not choices and exclude in candidates and exclude not in tried:
+            usable = self._usable()
+            choices = [i for i in usable if i not in tried and i != exclude]
+            if not choices and exclude in usable and exclude not in tried:
                 choices = [exclude]  # the broker it came from is the only one up again
             if choices:
-                index = self._rng.choice(choices)
+                index = self._pick(choices)
+                if self._load[index] >= self._cap(index):
+                    # The best place is full: wait for a confirm rather than overfill a slower one.
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
                 try:
                     inner = await self.inners[index].send(entry.message)
                 except PipeError as exc:
@@ -143,18 +194,16 @@ class BalanceSender(Generic[T]):
                 return
             if last_error is not None:
                 raise last_error
-            if not any_usable:
-                known = [e for e in self._errors if e is not None]
-                if known:
-                    raise known[-1]
-                await asyncio.sleep(0.05)  # senders not ready yet (first connects in flight)
-                continue
-            self._room.clear()
-            await self._room.wait()  # every usable sender is at its cap: backpressure
+            known = [e for e in self._errors if e is not None]
+            if known:
+                raise known[-1]
+            await asyncio.sleep(0.05)  # senders not ready yet (first connects in flight)
 
     def _attach(self, entry: _Entry[T], index: int, inner: Confirmation) -> None:
         seq = next(self._seq)
-        entry.index, entry.inner = index, inner
+        entry.index, entry.inner, entry.sent_at = index, inner, self._now()
+        entry.ahead = self._load[index]
+        self._pending[index][seq] = entry.sent_at
         self._entries[seq] = entry
         self._load[index] += 1
         inner.add_done_callback(functools.partial(self._settled, seq, entry, index))
@@ -162,6 +211,7 @@ class BalanceSender(Generic[T]):
     def _settled(self, seq: int, entry: _Entry[T], index: int, done: Confirmation) -> None:
         if entry.inner is not done:
             return
+        self._pending[index].pop(seq, None)
         self._load[index] -= 1
         self._room.set()
         if entry.outer.done():
@@ -170,6 +220,9 @@ class BalanceSender(Generic[T]):
         exc = PipeClosed("confirmation cancelled") if done.cancelled() else done.exception()
         if exc is None:
             self._entries.pop(seq, None)
+            # Little's law: the wait divided by the messages it queued behind is a service time.
+            self._observe(index, (self._now() - entry.sent_at) / (entry.ahead + 1))
+            self._confirmed[index] += 1
             entry.outer.set_result(None)
         elif isinstance(exc, PipeError) and exc.retryable and not self._closed:
             self._mark_down(index, exc)
@@ -197,9 +250,10 @@ class BalanceSender(Generic[T]):
         )
         if not stranded:
             return
-        for _, entry in stranded:  # still listed as unconfirmed until placed elsewhere
+        for seq, entry in stranded:  # still listed as unconfirmed until placed elsewhere
             entry.index, entry.inner = -1, None
             self._load[index] -= 1
+            self._pending[index].pop(seq, None)
         self._room.set()
         self.inners[index].drop_unconfirmed()
         task = asyncio.create_task(self._move(stranded, index))

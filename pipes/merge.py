@@ -79,7 +79,8 @@ class MergeListener(Generic[T]):
             item = self._queue.get_nowait()
         else:
             try:
-                item = await asyncio.wait_for(self._queue.get(), timeout)
+                async with asyncio.timeout(timeout):
+                    item = await self._queue.get()
             except TimeoutError:
                 return None
         if item is None:

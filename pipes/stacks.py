@@ -12,6 +12,7 @@ Differences from the talk's stacks, on purpose: ``reopen`` sits under ``balance`
 per broker, so a broken broker is reopened alone while the others carry on, and ``balance``
 moves a broken broker's unconfirmed messages to the others at once instead of waiting for its
 reopen. ``prefetch`` is a :class:`~truba.pipes.prefetch.Window` applied by every rabbit leaf.
+Over a single broker, ``balance`` and ``merge`` of one are left out: they would only add work.
 """
 
 from __future__ import annotations
@@ -96,7 +97,9 @@ def send_stack(
     spooled = encoded.layer(spool) if spool is not None else encoded
     retried: Pipeline[T, bytes] = spooled.layer(retry(opts.retry))
     logged: Pipeline[T, bytes] = retried.layer(log_errors(role))
-    return logged.build(BalanceSender(leaves, max_load=opts.max_unconfirmed))
+    # Over one broker there is nothing to balance: the leaf's own window caps its load.
+    base = leaves[0] if len(leaves) == 1 else BalanceSender(leaves, max_load=opts.max_unconfirmed)
+    return logged.build(base)
 
 
 def listen_stack(
@@ -124,4 +127,4 @@ def listen_stack(
     decoded = start.layer(deserialize(codec))
     retried: ListenerPipeline[T, bytes] = decoded.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
-    return logged.build(MergeListener(leaves))
+    return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))

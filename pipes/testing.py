@@ -155,7 +155,8 @@ class FakeListener(Generic[T]):
         if self.broken is not None and self._queue.empty():
             raise self.broken
         try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
+            async with asyncio.timeout(timeout):
+                item = await self._queue.get()
         except TimeoutError:
             return None
         if item is _WAKE:

@@ -154,6 +154,7 @@ async def _take(
     if not buffer.empty():
         return buffer.get_nowait()
     try:
-        return await asyncio.wait_for(buffer.get(), timeout)
+        async with asyncio.timeout(timeout):  # a timer handle, not a task per wait
+            return await buffer.get()
     except TimeoutError:
         return None

@@ -82,9 +82,8 @@ class RabbitSender:
         task = asyncio.create_task(self._publish(seq, message, confirmation))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-        # Yield once so the publish frame is queued before the caller moves on: ordering and
-        # "accepted" both hold when send returns.
-        await asyncio.sleep(0)
+        # Accepted: the publish task owns the message now. Tasks start in creation order, so
+        # messages go out in the order they were sent; close() waits (bounded) for them.
         return confirmation
 
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
