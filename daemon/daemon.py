@@ -50,6 +50,7 @@ class Wanted:
     slots: int
     tasks_queue: str
     results_queue: str
+    dead_queue: str
 
 
 class Daemon:
@@ -117,7 +118,9 @@ class Daemon:
                 # The scheduler should never do this; the daemon is the security boundary anyway.
                 log.error("daemon.job.refused", extra={"job_id": job.job_id, "handler": job.handler})
                 continue
-            wanted[job.job_id] = Wanted(job.handler, job.slots, job.queues.tasks, job.queues.results)
+            wanted[job.job_id] = Wanted(
+                job.handler, job.slots, job.queues.tasks, job.queues.results, job.queues.dead
+            )
         log.info(
             "daemon.assigned",
             extra={"version": assignment.version, "jobs": {j: w.slots for j, w in wanted.items()}},
@@ -208,7 +211,14 @@ class Daemon:
         self, wanted: Wanted, window: Window
     ) -> tuple[Listener[TaskMessage], Sender[ResultMessage]]:
         """The job's task listener and result sender (see truba.pipes.stacks); they connect lazily."""
-        tasks = listen_stack(TaskCodec(), self._links, wanted.tasks_queue, window, role="tasks")
+        tasks = listen_stack(
+            TaskCodec(),
+            self._links,
+            wanted.tasks_queue,
+            window,
+            role="tasks",
+            dead_letter_queue=wanted.dead_queue,
+        )
         results = send_stack(ResultCodec(), self._links, wanted.results_queue, role="results")
         return tasks, results
 

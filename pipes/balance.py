@@ -19,6 +19,7 @@ waiting for its reconnect.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import itertools
 import logging
@@ -35,6 +36,8 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 _INITIAL_SERVICE = 0.0001  # seconds per message: optimistic, so a new sender is tried soon
+_TIE = 0.001  # seconds of expected wait that do not make one sender better than another
+_RECHECK = 0.05  # seconds to wait for a full fast sender before reconsidering slower ones
 _SLOW_START = 32  # unconfirmed messages a sender may hold before its first confirm
 _EWMA = 0.1  # weight of a new sample below the current estimate
 
@@ -133,7 +136,12 @@ class BalanceSender(Generic[T]):
         if len(choices) == 1:
             return choices[0]
         first, second = self._rng.sample(choices, 2)
-        return second if self._cost(second) < self._cost(first) else first
+        # Waits within a millisecond of each other are a tie: random spreads light traffic evenly.
+        return second if self._cost(second) < self._cost(first) - _TIE else first
+
+    def _cheapest_with_room(self, choices: list[int]) -> int | None:
+        with_room = [i for i in choices if self._load[i] < self._cap(i)]
+        return min(with_room, key=self._cost) if with_room else None
 
     def _cap(self, index: int) -> int:
         """``max_load``, reached by slow start: 2 more allowed per confirm, from _SLOW_START.
@@ -176,10 +184,16 @@ class BalanceSender(Generic[T]):
             if choices:
                 index = self._pick(choices)
                 if self._load[index] >= self._cap(index):
-                    # The best place is full: wait for a confirm rather than overfill a slower one.
-                    self._room.clear()
-                    await self._room.wait()
-                    continue
+                    alternative = self._cheapest_with_room(choices)
+                    if alternative is None or self._cost(alternative) > 2 * self._cost(index) + _TIE:
+                        # The best place is full and the others are much slower: wait for a
+                        # confirm (briefly, costs change) rather than overfill a slow broker.
+                        self._room.clear()
+                        with contextlib.suppress(TimeoutError):
+                            async with asyncio.timeout(None if alternative is None else _RECHECK):
+                                await self._room.wait()
+                        continue
+                    index = alternative
                 try:
                     inner = await self.inners[index].send(entry.message)
                 except PipeError as exc:

@@ -42,6 +42,12 @@ class MergeListener(Generic[T]):
         self._pumps = [asyncio.create_task(self._pump(listener)) for listener in self._listeners]
         self._calls: set[asyncio.Task[None]] = set()
 
+    name = "merge"
+
+    @property
+    def inners(self) -> list[Listener[T]]:
+        return list(self._listeners)
+
     async def _pump(self, listener: Listener[T]) -> None:
         while not self._closed:
             try:

@@ -1,20 +1,25 @@
 """Layer: (de)serialization. Messages become bytes on the way out and back on the way in.
 
 A message that cannot be encoded raises :class:`CodecError` to the sender (it can never be sent).
-A delivery that cannot be decoded is poison: it is never retried but rejected without requeue, so
-the broker dead-letters it, and the error is logged with the queue's bytes size and a prefix.
+A delivery that cannot be decoded is poison: it is never retried. With a ``dead_letters`` sender
+it is published there as a record carrying its error (see :func:`poison_record`) and then acked;
+without one it is rejected without requeue, so the broker dead-letters it. Either way the error
+is logged with the message's size and first bytes.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
+import msgpack
+
 from truba.pipes.base import Codec, Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
-from truba.pipes.errors import CodecError
+from truba.pipes.errors import CodecError, PipeError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -76,6 +81,7 @@ class DeserializeListener(Generic[T]):
 
     inner: Listener[bytes]
     codec: Codec[T]
+    dead_letters: Sender[bytes] | None = None
     monotonic: Callable[[], float] = time.monotonic
 
     async def get(self, timeout: float) -> Delivery[T] | None:
@@ -99,8 +105,25 @@ class DeserializeListener(Generic[T]):
                 "pipe.poison",
                 extra={"error": str(exc), "size": len(data), "prefix": data[:32].hex()},
             )
-            await delivery.reject(requeue=False)
+            await self._dead_letter(delivery, str(exc))
             return None
+
+    async def _dead_letter(self, delivery: Delivery[bytes], error: str) -> None:
+        """Hands a poison delivery, with its error, to ``dead_letters``; else to the broker's DLX.
+
+        The original is acked only once its dead-letter record is confirmed: nothing is lost.
+        """
+        if self.dead_letters is not None:
+            try:
+                await asyncio.wait_for(
+                    await self.dead_letters.send(poison_record(delivery.message, error)), 30
+                )
+            except (PipeError, TimeoutError) as exc:
+                log.error("pipe.poison.dead_letter_failed", extra={"error": repr(exc)})
+            else:
+                await delivery.ack()
+                return
+        await delivery.reject(requeue=False)
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         async def decode_then_call(delivery: Delivery[bytes]) -> None:
@@ -114,6 +137,12 @@ class DeserializeListener(Generic[T]):
         await self.inner.close()
 
 
-def deserialize(codec: Codec[T]) -> ListenerLayer[bytes, T]:
-    """The deserialize layer: ``Listener[bytes] -> Listener[T]``."""
-    return lambda inner: DeserializeListener(inner, codec)
+def deserialize(codec: Codec[T], dead_letters: Sender[bytes] | None = None) -> ListenerLayer[bytes, T]:
+    """The deserialize layer: ``Listener[bytes] -> Listener[T]``; poison goes to ``dead_letters``."""
+    return lambda inner: DeserializeListener(inner, codec, dead_letters)
+
+
+def poison_record(data: bytes, error: str) -> bytes:
+    """A dead-letter record: ``{"kind": "poison", "error": ..., "body": <original bytes>}`` in msgpack."""
+    packed: bytes = msgpack.packb({"kind": "poison", "error": error, "body": data}, use_bin_type=True)
+    return packed

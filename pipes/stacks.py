@@ -110,10 +110,12 @@ def listen_stack(
     *,
     role: str = "listen",
     connect_timeout: float = 10.0,
+    dead_letter_queue: str | None = None,
 ) -> Listener[T]:
     """``deserialize → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
-    The daemon's task listener and the client's result listener are this stack.
+    The daemon's task listener and the client's result listener are this stack. With
+    ``dead_letter_queue``, a message that cannot be decoded is published there with its error.
     """
     leaves: list[Listener[bytes]] = [
         ReopenListener(
@@ -123,8 +125,25 @@ def listen_stack(
         )
         for broker in brokers
     ]
+    dead_letters = None
+    if dead_letter_queue is not None:  # poison goes there with its error, through any broker
+        dead_letters = _bytes_sender(brokers, dead_letter_queue, SendOptions(), connect_timeout)
     start: ListenerPipeline[T, T] = ListenerPipeline(lambda listener: listener)
-    decoded = start.layer(deserialize(codec))
+    decoded = start.layer(deserialize(codec, dead_letters))
     retried: ListenerPipeline[T, bytes] = decoded.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
     return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))
+
+
+def _bytes_sender(
+    brokers: Sequence[RabbitBroker], queue: str, options: SendOptions, connect_timeout: float
+) -> Sender[bytes]:
+    leaves: list[Sender[bytes]] = [
+        ReopenSender(
+            _sender_connector(broker, queue, options),
+            label=f"{queue}@{broker.name}",
+            connect_timeout=connect_timeout,
+        )
+        for broker in brokers
+    ]
+    return leaves[0] if len(leaves) == 1 else BalanceSender(leaves, max_load=options.max_unconfirmed)

@@ -150,12 +150,34 @@ def test_garbage_in_a_task_queue_is_dead_lettered_and_the_daemons_keep_serving(
         for body in (b"\xc1\xc1 not msgpack", b'{"json": "is not a truba task"}'):
             channel.basic_publish("", info.queues.tasks, body, pika.BasicProperties(delivery_mode=2))
         connection.close()
-        dead = _wait_for(lambda: broker.list_queues().get(info.queues.dead, 0) == 2)  # type: ignore[attr-defined]
+        dead = _wait_for(lambda: sum(b.list_queues().get(info.queues.dead, 0) for b in rabbit_nodes) == 2)  # type: ignore[attr-defined]
         assert dead, "the garbage did not reach the dead-letter queue"
+        records = _take_all(rabbit_nodes, info.queues.dead)
+        assert sorted(r["body"] for r in records) == sorted(
+            [b"\xc1\xc1 not msgpack", b'{"json": "is not a truba task"}']
+        )
+        assert all(r["kind"] == "poison" and "task:" in r["error"] for r in records), records
         outcomes = job.map(["a", "b", "c"])
     assert [o.value for o in outcomes] == ["a", "b", "c"]
     assert all(d.alive() for d in cluster.daemons)
     assert "pipe.poison" in cluster.logs()
+
+
+def _take_all(brokers: list[object], queue: str) -> list[dict[str, object]]:
+    """Every message of ``queue`` on every broker, decoded from msgpack, taken with pika."""
+    import msgpack
+
+    records = []
+    for broker in brokers:
+        connection = pika.BlockingConnection(pika.URLParameters(broker.url))  # type: ignore[attr-defined]
+        channel = connection.channel()
+        while True:
+            method, _, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            records.append(msgpack.unpackb(body, raw=False))
+        connection.close()
+    return records
 
 
 def _wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

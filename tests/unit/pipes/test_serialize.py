@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from truba.pipes.errors import CodecError, PipeClosed
+from truba.pipes.errors import CodecError, PipeBroken, PipeClosed
 from truba.pipes.serialize import deserialize, serialize
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import TaskCodec, TaskMessage
@@ -49,3 +49,27 @@ async def test_deserialize_get_times_out_with_none_and_close_closes_inner() -> N
     assert inner.closed
     with pytest.raises(PipeClosed):
         await listener.get(0.01)
+
+
+async def test_poison_goes_to_the_dead_letter_sender_with_its_error_then_is_acked() -> None:
+    import msgpack
+
+    inner: FakeListener[bytes] = FakeListener()
+    dead: FakeSender[bytes] = FakeSender(auto_confirm=True)
+    listener = deserialize(TaskCodec(), dead)(inner)
+    inner.push(b"\xc1 garbage")
+    assert await listener.get(0.05) is None
+    [record] = [msgpack.unpackb(m, raw=False) for m in dead.sent]
+    assert record["kind"] == "poison" and record["body"] == b"\xc1 garbage"
+    assert "not msgpack" in record["error"]
+    assert inner.acked == [b"\xc1 garbage"] and inner.rejected == []
+
+
+async def test_when_the_dead_letter_send_fails_the_poison_goes_to_the_broker_dlx() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    dead: FakeSender[bytes] = FakeSender()
+    dead.fail_next(PipeBroken("no broker"))
+    listener = deserialize(TaskCodec(), dead)(inner)
+    inner.push(b"\xc1")
+    assert await listener.get(0.05) is None
+    assert inner.rejected == [(b"\xc1", False)] and inner.acked == []
