@@ -2,8 +2,9 @@
 
 A pump per inner listener moves its deliveries into one local queue; ``get`` takes from it. The
 inner listeners' prefetch windows bound how much can wait there. When an inner listener breaks,
-its pump stops and the merged listener reports the break once the queue holds nothing more, so
-its owner can reopen; deliveries already taken stay valid on their own channels.
+its pump keeps trying it with a growing pause (a reopen-wrapped listener comes back), and the
+merged listener raises only while every inner listener fails and nothing is queued; deliveries
+already taken stay valid on their own channels.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from truba.pipes.errors import PipeClosed, PipeError
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 _POLL = 1.0  # seconds a pump waits on its inner listener before checking for close
+_MAX_PAUSE = 2.0  # seconds at most between attempts on a failing inner listener
 
 
 @final
@@ -36,9 +38,9 @@ class MergeListener(Generic[T]):
             raise ValueError("merge needs at least one listener")
         self._listeners = list(listeners)
         self._queue: asyncio.Queue[Delivery[T] | None] = asyncio.Queue()
-        self._broken: PipeError | None = None
         self._closed = False
         self._callback: Callable[[Delivery[T]], Awaitable[None]] | None = None
+        self._failing: dict[int, PipeError] = {}
         self._pumps = [asyncio.create_task(self._pump(listener)) for listener in self._listeners]
         self._calls: set[asyncio.Task[None]] = set()
 
@@ -49,23 +51,40 @@ class MergeListener(Generic[T]):
         return list(self._listeners)
 
     async def _pump(self, listener: Listener[T]) -> None:
+        index = self._listeners.index(listener)
+        failures = 0
         while not self._closed:
             try:
                 delivery = await listener.get(_POLL)
             except PipeClosed:
                 return
             except PipeError as exc:
-                if self._broken is None:
-                    self._broken = exc
-                log.warning("pipe.merge.inner_broken", extra={"error": repr(exc)})
+                # One failing broker must not stop the others: keep trying it (a reopen-wrapped
+                # listener comes back); the merged listener fails only while every inner fails.
+                self._failing[index] = exc
+                log.warning("pipe.merge.inner_failed", extra={"inner": index, "error": repr(exc)})
                 self._queue.put_nowait(None)  # wake a waiting get
-                return
+                if not exc.retryable:
+                    return
+                failures += 1
+                await asyncio.sleep(min(_MAX_PAUSE, 0.05 * 2 ** min(failures, 8)))
+                continue
+            if failures or index in self._failing:
+                failures = 0
+                self._failing.pop(index, None)
+                log.info("pipe.merge.inner_recovered", extra={"inner": index})
             if delivery is None:
                 continue
             if self._callback is not None:
                 await self._call(self._callback, delivery)
             else:
                 self._queue.put_nowait(delivery)
+
+    def _all_failing(self) -> PipeError | None:
+        """The latest error when every inner listener is failing, else None."""
+        if len(self._failing) < len(self._listeners):
+            return None
+        return list(self._failing.values())[-1]
 
     @staticmethod
     async def _call(callback: Callable[[Delivery[T]], Awaitable[None]], delivery: Delivery[T]) -> None:
@@ -79,8 +98,9 @@ class MergeListener(Generic[T]):
     async def get(self, timeout: float) -> Delivery[T] | None:
         if self._closed:
             raise PipeClosed("merged listener is closed")
-        if self._queue.empty() and self._broken is not None:
-            raise self._broken
+        failing = self._all_failing()
+        if failing is not None and self._queue.empty():
+            raise failing
         if not self._queue.empty():  # busy: no timer task needed
             item = self._queue.get_nowait()
         else:
@@ -93,8 +113,9 @@ class MergeListener(Generic[T]):
             if self._closed:
                 self._queue.put_nowait(None)
                 raise PipeClosed("merged listener is closed")
-            if self._queue.empty() and self._broken is not None:
-                raise self._broken
+            failing = self._all_failing()
+            if failing is not None and self._queue.empty():
+                raise failing
             return None
         return item
 

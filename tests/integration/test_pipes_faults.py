@@ -21,7 +21,7 @@ from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 class IntCodec:
@@ -32,10 +32,10 @@ class IntCodec:
         return int(data)
 
 
-async def _declare(urls: Sequence[str], queue: str) -> None:
+async def _declare(urls: Sequence[str], queue: str, kind: str = "quorum") -> None:
     for url in urls:
         connection = await RabbitConnection.open(url, name="test-admin")
-        await connection.declare(QueueSpec(queue, "quorum"))
+        await connection.declare(QueueSpec(queue, kind))
         await connection.close()
 
 
@@ -93,7 +93,10 @@ async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
 ) -> None:
     a, b = await asyncio.to_thread(fresh_nodes, 2)
     queue = "truba.test.kill9"
-    await _declare([a.url, b.url], queue)
+    # Classic queues: on 3.10.8 a single-member quorum queue killed -9 and restarted sometimes
+    # never accepts a consumer again (Basic.Consume hangs for minutes); that is a broker-side
+    # problem this test is not about. Quorum queues are the default elsewhere.
+    await _declare([a.url, b.url], queue, kind="classic")
     links = links_factory([a.url, b.url])
     sender = send_stack(IntCodec(), links, queue, options=SendOptions(confirm_timeout=5, max_unconfirmed=200))
     held_at_kill: list[int] = []
