@@ -39,6 +39,17 @@ log = logging.getLogger(__name__)
 REOPEN_BACKOFF = Backoff(attempts=None, base=0.1, cap=5.0)
 
 
+P = TypeVar("P")
+
+
+async def connect_within(connect: Callable[[], Awaitable[P]], timeout: float, label: str) -> P:
+    """``await connect()``, bounded: a connector that takes too long is a SendTimeout (retryable)."""
+    try:
+        return await asyncio.wait_for(connect(), timeout)
+    except TimeoutError as exc:
+        raise SendTimeout(f"{label}: connect took longer than {timeout} s") from exc
+
+
 class State(enum.Enum):
     IDLE = "idle"
     CONNECTING = "connecting"
@@ -96,10 +107,7 @@ class ReopenSender(Generic[T]):
         return self.state in (State.IDLE, State.CONNECTED)
 
     async def _open(self) -> Sender[T]:
-        try:
-            return await asyncio.wait_for(self._connect(), self._connect_timeout)
-        except TimeoutError as exc:
-            raise SendTimeout(f"{self.label}: connect took longer than {self._connect_timeout} s") from exc
+        return await connect_within(self._connect, self._connect_timeout, self.label)
 
     async def _inner_for_send(self) -> Sender[T]:
         if self.state is State.CLOSED:

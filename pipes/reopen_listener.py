@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Generic, TypeVar, final
 
 from truba.pipes.base import Delivery, Listener, close_all
-from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
-from truba.pipes.reopen import REOPEN_BACKOFF, State
+from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
+from truba.pipes.reopen import REOPEN_BACKOFF, State, connect_within
 from truba.pipes.retry import Backoff
 
 T = TypeVar("T")
@@ -94,10 +94,7 @@ class ReopenListener(Generic[T]):
         self._lock = asyncio.Lock()
 
     async def _open(self) -> Listener[T]:
-        try:
-            return await asyncio.wait_for(self._connect(), self._connect_timeout)
-        except TimeoutError as exc:
-            raise SendTimeout(f"{self.label}: connect took longer than {self._connect_timeout} s") from exc
+        return await connect_within(self._connect, self._connect_timeout, self.label)
 
     async def get(self, timeout: float) -> Delivery[T] | None:
         if self.state is State.CLOSED:
