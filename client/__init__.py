@@ -5,13 +5,12 @@ from truba.client.client import Client
 from truba.client.errors import (
     FailedPrecondition,
     InvalidArgument,
-    JobCancelled,
     NotFound,
     SchedulerError,
     Unavailable,
 )
 from truba.client.job import Job
-from truba.client.outcome import Outcome, TaskFailed
+from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
 
 __all__ = [
     "BlockingClient",
@@ -20,11 +19,12 @@ __all__ = [
     "FailedPrecondition",
     "InvalidArgument",
     "Job",
-    "JobCancelled",
     "NotFound",
     "Outcome",
     "SchedulerError",
+    "TaskCancelled",
     "TaskFailed",
+    "TaskGaveUp",
     "Unavailable",
     "connect",
 ]

@@ -19,6 +19,7 @@ from typing import TypeVar
 
 from truba.client.client import Client
 from truba.client.job import Job
+from truba.client.options import Preemption, QueueType
 from truba.client.outcome import Outcome
 from truba.proto.v1 import jobs_pb2
 
@@ -92,6 +93,10 @@ class BlockingJob:
     def info(self) -> jobs_pb2.Job:
         return self._runner.run(self._job.info())
 
+    def set_importance(self, importance: float) -> None:
+        """Changes the job's weight in the fair share (see Job.set_importance)."""
+        self._runner.run(self._job.set_importance(importance))
+
 
 async def _next(stream: AsyncIterator[Outcome]) -> Outcome:
     return await anext(stream)
@@ -113,8 +118,33 @@ class BlockingClient:
     ) -> None:
         self.close()
 
-    def create_job(self, handler: str, importance: float = 1.0, *, name: str = "") -> BlockingJob:
-        job = self._runner.run(self._client.create_job(handler, importance, name=name))
+    def create_job(
+        self,
+        handler: str,
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        min_slots: int = 0,
+        max_slots: int | None = None,
+        preemption: Preemption = "graceful",
+        task_timeout: float | None = None,
+        max_attempts: int | None = None,
+        queue_type: QueueType = "quorum",
+    ) -> BlockingJob:
+        """Creates a job; the options are :meth:`truba.Client.create_job`'s."""
+        job = self._runner.run(
+            self._client.create_job(
+                handler,
+                importance,
+                name=name,
+                min_slots=min_slots,
+                max_slots=max_slots,
+                preemption=preemption,
+                task_timeout=task_timeout,
+                max_attempts=max_attempts,
+                queue_type=queue_type,
+            )
+        )
         return BlockingJob(job, self._runner)
 
     def get_job_info(self, job_id: str) -> jobs_pb2.Job:

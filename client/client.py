@@ -22,15 +22,18 @@ import socket
 from pathlib import Path
 from types import TracebackType
 
-import grpc
+import grpc.aio
 
+from truba.channel import Credentials, open_channel
 from truba.client.errors import map_rpc_errors
 from truba.client.job import Job
+from truba.client.options import Preemption, QueueType, queue_kind, settings_pb
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
 from truba.pipes.spool import FsyncPolicy, spool
-from truba.pipes.stacks import SendOptions, listen_stack, send_stack
+from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
+from truba.queues import JobQueues
 from truba.wire import ResultCodec, TaskCodec
 
 log = logging.getLogger(__name__)
@@ -45,26 +48,38 @@ class Client:
         *,
         max_unconfirmed: int = 1000,
         result_prefetch: int = 1000,
+        max_payload: int = DEFAULT_MAX_MESSAGE_SIZE,
         broker_heartbeat: float = 10.0,
         spool_dir: str | os.PathLike[str] | None = None,
         spool_fsync: FsyncPolicy = "interval",
         use_spool: bool = True,
+        token: str | None = None,
+        tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
         """A client of the scheduler at ``address``.
 
         Args:
             max_unconfirmed: tasks awaiting a broker confirm, per broker (backpressure beyond).
             result_prefetch: results a broker may push before they are taken, per broker.
+            max_payload: bytes a task may take encoded; ``submit`` refuses a bigger one with
+                MessageTooLarge before anything is sent (default 16 MiB).
             spool_dir: where tasks wait on disk until a broker confirms them, one folder per job
                 (default ``$XDG_STATE_HOME/truba/spool``); ``use_spool=False`` keeps them in
                 memory only. See :mod:`truba.pipes.spool` for the fsync policies.
+            token: the scheduler's bearer token (default: ``$TRUBA_TOKEN``).
+            tls_ca: PEM file to verify the scheduler's TLS certificate with (default:
+                ``$TRUBA_TLS_CA``); without it the channel is plaintext.
         """
+        self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
         self._spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
         self._spool_fsync: FsyncPolicy = spool_fsync
         self._use_spool = use_spool
         self._max_unconfirmed = max_unconfirmed
         self._result_prefetch = result_prefetch
+        if max_payload < 1:
+            raise ValueError(f"max_payload: must be at least 1 byte, got {max_payload}")
+        self._max_payload = max_payload
         self._broker_heartbeat = broker_heartbeat
         self._channel: grpc.aio.Channel | None = None
         self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
@@ -83,7 +98,7 @@ class Client:
     async def connect(self) -> None:
         """Opens the gRPC channel (lazily connected; the first call reports an unreachable scheduler)."""
         if self._channel is None:
-            self._channel = grpc.aio.insecure_channel(self.address)
+            self._channel = open_channel(self.address, self._credentials)
             self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
 
     @property
@@ -93,28 +108,66 @@ class Client:
             raise RuntimeError("client is not connected: use 'async with Client(...)'")
         return self._stub
 
-    async def create_job(self, handler: str, importance: float = 1.0, *, name: str = "") -> Job:
+    async def create_job(
+        self,
+        handler: str,
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        min_slots: int = 0,
+        max_slots: int | None = None,
+        preemption: Preemption = "graceful",
+        task_timeout: float | None = None,
+        max_attempts: int | None = None,
+        queue_type: QueueType = "quorum",
+    ) -> Job:
         """Creates a job whose tasks daemons run with ``handler`` ("package.module:function").
 
+        Args:
+            importance: the job's weight in the cluster's fair share (> 0); can change later
+                with :meth:`Job.set_importance`.
+            name: shown in listings.
+            min_slots, max_slots: bounds on the job's slots (None: no upper bound).
+            preemption: see :data:`~truba.client.options.Preemption`.
+            task_timeout: seconds an attempt may run before its slot is killed (None: no limit;
+                at most the brokers' consumer_timeout).
+            max_attempts: attempts before a task is given up (None: the scheduler's default, 3).
+            queue_type: see :data:`~truba.client.options.QueueType`.
+
         Raises:
-            InvalidArgument: a malformed handler or importance (the message names the field).
+            ValueError: an option of the wrong kind (checked before anything is sent).
+            InvalidArgument: the scheduler refused a value (the message names the field).
             FailedPrecondition: no connected daemon allows this handler.
             Unavailable: the scheduler or a broker cannot be reached.
         """
-        request = jobs_pb2.CreateJobRequest(handler=handler, importance=importance, name=name)
+        settings = settings_pb(
+            min_slots=min_slots,
+            max_slots=max_slots,
+            preemption=preemption,
+            task_timeout=task_timeout,
+            max_attempts=max_attempts,
+            queue_type=queue_type,
+        )
+        request = jobs_pb2.CreateJobRequest(
+            handler=handler, importance=importance, name=name, settings=settings
+        )
         with map_rpc_errors():
             response = await self.jobs.CreateJob(request)
         info = response.job
         links = [self._link(broker.url) for broker in response.brokers]
-        options = SendOptions(max_unconfirmed=self._max_unconfirmed)
+        options = SendOptions(max_unconfirmed=self._max_unconfirmed, max_message_size=self._max_payload)
         spool_layer = None
         if self._use_spool:
             spool_layer = spool(self.spool_path(info.id), fsync=self._spool_fsync)
+        # The queues' specs, so a broker that lost them (data wiped) gets them back on reconnect.
+        queues = JobQueues(
+            info.queues.tasks, info.queues.results, info.queues.dead, kind=queue_kind(info.settings)
+        )
         tasks = send_stack(
-            TaskCodec(), links, info.queues.tasks, role="tasks", spool=spool_layer, options=options
+            TaskCodec(), links, queues.spec(queues.tasks), role="tasks", spool=spool_layer, options=options
         )
         window = Window(self._result_prefetch)
-        results = listen_stack(ResultCodec(), links, info.queues.results, window, role="results")
+        results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
         log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(links)})
         return Job(self, info, tasks, results)
 

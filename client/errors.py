@@ -35,10 +35,6 @@ class Unavailable(SchedulerError, ConnectionError):
     """The scheduler (or a broker it needs) cannot be reached."""
 
 
-class JobCancelled(TrubaError):
-    """The job was cancelled while outcomes were awaited."""
-
-
 _BY_CODE: dict[grpc.StatusCode, type[SchedulerError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidArgument,
     grpc.StatusCode.NOT_FOUND: NotFound,

@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
-from truba.client.errors import JobCancelled, Unavailable, map_rpc_errors
+from truba.client.errors import SchedulerError, Unavailable, map_rpc_errors
 from truba.client.outcome import Outcome
 from truba.pipes.base import Confirmation, Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError, TrubaError
@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 RESEND_ROUNDS = 5
 STATE_POLL_SECONDS = 2.0
+FINISH_PATIENCE = 120.0
+"""Seconds a finished job keeps asking an unreachable scheduler to delete its queues."""
+PROGRESS_INTERVAL = 0.25
+"""Seconds between progress reports to the scheduler at most (they feed the job's demand)."""
 
 
 class Job:
@@ -60,7 +64,10 @@ class Job:
         self._submitted = 0
         self._closed = False
         self._finished = False
+        self._cancelled = False
         self._consumer: asyncio.Task[None] | None = None
+        self._progress_wake = asyncio.Event()
+        self._progress: asyncio.Task[None] | None = None
 
     @property
     def id(self) -> str:
@@ -92,6 +99,7 @@ class Job:
         Raises:
             PipeClosed: the job was closed.
             CodecError: ``payload`` is not msgpack-serializable.
+            MessageTooLarge: ``payload`` is over the client's ``max_payload`` (nothing was sent).
             PipeBroken: no broker can take the task.
         """
         if self._closed:
@@ -103,8 +111,46 @@ class Job:
         confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
         self._pending[task_id] = message
         self._submitted += 1
+        self._progressed()
         log.debug("client.task.submitted", extra={"job_id": self.id, "task_id": task_id})
         return task_id
+
+    def _progressed(self) -> None:
+        """Submitted or received changed: the reporter tells the scheduler soon (coalesced)."""
+        self._progress_wake.set()
+        if self._progress is None:
+            self._progress = asyncio.create_task(self._report_progress(), name=f"progress-{self.id}")
+
+    async def _report_progress(self) -> None:
+        """Reports (submitted, received) at most every :data:`PROGRESS_INTERVAL` seconds.
+
+        The scheduler sizes the job's share by these counts; an unreachable scheduler only
+        delays the report (the data plane does not need it), an ended job stops the reporter.
+        """
+        last = (-1, -1)
+        while True:
+            await self._progress_wake.wait()
+            self._progress_wake.clear()
+            now = (self._submitted, len(self._seen))
+            if now != last:
+                request = jobs_pb2.ReportProgressRequest(job_id=self.id, submitted=now[0], received=now[1])
+                try:
+                    with map_rpc_errors():
+                        await self._client.jobs.ReportProgress(request)
+                    last = now
+                except Unavailable as exc:
+                    log.info("client.progress.unreachable", extra={"job_id": self.id, "error": str(exc)})
+                    self._progress_wake.set()
+                except SchedulerError as exc:  # the job ended: nothing left to report
+                    log.debug("client.progress.stopped", extra={"job_id": self.id, "error": str(exc)})
+                    return
+            await asyncio.sleep(PROGRESS_INTERVAL)
+
+    async def _stop_progress(self) -> None:
+        if self._progress is not None:
+            self._progress.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._progress
 
     def _on_confirm(self, task_id: str, confirmation: Confirmation) -> None:
         # Confirmed tasks need no more watching; failed ones stay for _confirm_all to resend.
@@ -158,12 +204,17 @@ class Job:
         the application has not taken is never lost. Ends when the job is closed and every
         submitted task has its outcome; the scheduler then deletes the job's queues.
 
-        Raises:
-            JobCancelled: the job was cancelled.
+        If the job is cancelled (here or by another client), every task without an outcome
+        gets a cancelled one (:attr:`Outcome.cancelled`) and the iteration ends.
         """
         last_poll = time.monotonic()
-        while not self.done:
-            delivery = await self._results.get(0.5)
+        while not self.done and not self._cancelled:
+            try:
+                delivery = await self._results.get(0.5)
+            except PipeClosed:
+                if self._cancelled:  # cancel() closed the pipe under us: cancelled outcomes follow
+                    break
+                raise
             if delivery is None:
                 if time.monotonic() - last_poll > STATE_POLL_SECONDS:
                     last_poll = time.monotonic()
@@ -176,8 +227,16 @@ class Job:
                 continue
             self._seen.add(message.task_id)
             self._pending.pop(message.task_id, None)
+            self._progressed()
             yield Outcome.from_message(message)
             await delivery.ack()
+        if self._cancelled:
+            for task_id in list(self._pending):
+                if task_id not in self._seen:
+                    self._seen.add(task_id)
+                    del self._pending[task_id]
+                    yield Outcome.cancelled_task(task_id)
+            return
         await self._finish()
 
     async def _check_state(self) -> None:
@@ -188,7 +247,8 @@ class Job:
             log.warning("client.scheduler.unreachable", extra={"job_id": self.id, "error": str(exc)})
             return
         if info.state == jobs_pb2.JOB_STATE_CANCELLED:
-            raise JobCancelled(f"job {self.id} was cancelled")
+            log.info("client.job.cancelled_elsewhere", extra={"job_id": self.id})
+            await self._cancelled_locally()
         if info.problem:
             log.warning("client.job.problem", extra={"job_id": self.id, "problem": info.problem})
 
@@ -196,13 +256,31 @@ class Job:
         if self._finished:
             return
         self._finished = True
+        await self._stop_progress()
         # Stop consuming first: the scheduler is about to delete the queue under the consumer.
         await self._results.close()
-        with map_rpc_errors():
-            self._info = await self._client.jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=self.id))
+        self._info = await self._finish_job()
         # Every task has its outcome: nothing in the spool can matter any more.
         shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
         log.info("client.job.finished", extra={"job_id": self.id, "outcomes": len(self._seen)})
+
+    async def _finish_job(self) -> jobs_pb2.Job:
+        """FinishJob, retried while the scheduler is unreachable (it may be restarting), for at
+        most :data:`FINISH_PATIENCE` seconds; only then does the error reach the caller."""
+        deadline = time.monotonic() + FINISH_PATIENCE
+        delay = 0.2
+        while True:
+            try:
+                with map_rpc_errors():
+                    return await self._client.jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=self.id))
+            except Unavailable as exc:
+                if time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "client.finish.retry", extra={"job_id": self.id, "error": str(exc), "retry_in": delay}
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def on_result(self, callback: Callable[[Outcome], Awaitable[None] | None]) -> asyncio.Task[None]:
         """Calls ``callback`` for every outcome in the background; returns that task.
@@ -242,15 +320,47 @@ class Job:
         return [o for o in outcomes if o is not None]
 
     async def cancel(self) -> None:
-        """Cancels the job: the scheduler deletes its queues; pending tasks get no outcome."""
+        """Cancels the job: the scheduler deletes its queues, and every task without an outcome
+        yet gets a cancelled one (``results()`` yields them, then ends)."""
+        await self._stop_progress()
         with map_rpc_errors():
             self._info = await self._client.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=self.id))
+        await self._cancelled_locally()
+        log.info("client.job.cancelled", extra={"job_id": self.id, "pending": len(self._pending)})
+
+    async def _cancelled_locally(self) -> None:
+        self._cancelled = True
         self._closed = True
+        await self._stop_progress()
         with contextlib.suppress(PipeError):
             await self._tasks.close()
         with contextlib.suppress(PipeError):
             await self._results.close()
         shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
+
+    async def set_importance(self, importance: float) -> None:
+        """Changes the job's weight in the fair share; slots move at once.
+
+        Raises:
+            InvalidArgument: not a number > 0.
+            FailedPrecondition: the job ended.
+        """
+        with map_rpc_errors():
+            self._info = await self._client.jobs.SetImportance(
+                jobs_pb2.SetImportanceRequest(job_id=self.id, importance=importance)
+            )
+
+    async def watch(self) -> AsyncIterator[jobs_pb2.JobEvent]:
+        """The job as the scheduler sees it now, then on every change (state, slots,
+        importance, progress) until it ends. Slow readers see changes coalesced, never stale."""
+        call = self._client.jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=self.id))
+        try:
+            with map_rpc_errors():
+                async for event in call:
+                    self._info = event.job
+                    yield event
+        finally:
+            call.cancel()
 
     async def info(self) -> jobs_pb2.Job:
         """The scheduler's current view of the job."""

@@ -17,9 +17,43 @@ class TaskFailed(TrubaError):
         self.error = error
 
 
+class TaskGaveUp(TaskFailed):
+    """Raised by :meth:`Outcome.result` when every attempt of the task ended without an outcome.
+
+    A subclass of :class:`TaskFailed`, so code that handles failures handles give-ups too;
+    ``error`` says what ended the last attempt (``TaskTimeout``, ``SlotDied``, ...).
+    """
+
+    def __init__(self, task_id: str, error: ErrorInfo, attempts: int) -> None:
+        TrubaError.__init__(
+            self, f"task {task_id} gave up after {attempts} attempts: {error.type}: {error.message}"
+        )
+        self.task_id = task_id
+        self.error = error
+        self.attempts = attempts
+
+
+class TaskCancelled(TaskFailed):
+    """Raised by :meth:`Outcome.result` for a task whose job was cancelled before it finished."""
+
+    def __init__(self, task_id: str) -> None:
+        TrubaError.__init__(self, f"task {task_id} was cancelled with its job")
+        self.task_id = task_id
+        self.error = CANCELLED
+
+
+CANCELLED = ErrorInfo("JobCancelled", "the job was cancelled before this task had an outcome")
+
+
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """The outcome of one task: ``ok`` with its ``value``, or not ok with its ``error``."""
+    """The outcome of one task: ``ok`` with its ``value``, or not ok with its ``error``.
+
+    ``gave_up`` marks a task whose every attempt ended without an outcome (timed out, crashed
+    its slot, ran out of memory, or lost its daemon), ``max_attempts`` times; ``error`` then
+    says what ended the last one. ``attempts`` counts the attempts made, this one included.
+    ``cancelled`` marks a task whose job was cancelled before it had an outcome.
+    """
 
     task_id: str
     ok: bool
@@ -27,15 +61,36 @@ class Outcome:
     error: ErrorInfo | None = None
     daemon_id: str = ""
     seconds: float = 0.0
+    attempts: int = 1
+    gave_up: bool = False
+    cancelled: bool = False
+
+    @classmethod
+    def cancelled_task(cls, task_id: str) -> Outcome:
+        """The outcome of a task cancelled with its job."""
+        return cls(task_id, ok=False, error=CANCELLED, attempts=0, cancelled=True)
 
     @classmethod
     def from_message(cls, message: ResultMessage) -> Outcome:
         return cls(
-            message.task_id, message.ok, message.value, message.error, message.daemon_id, message.seconds
+            message.task_id,
+            message.ok,
+            message.value,
+            message.error,
+            message.daemon_id,
+            message.seconds,
+            message.attempts,
+            message.gave_up,
         )
 
     def result(self) -> object:
-        """The value, or raises :class:`TaskFailed` carrying the remote error."""
+        """The value, or raises :class:`TaskFailed` (:class:`TaskGaveUp` for a give-up,
+        :class:`TaskCancelled` for a cancelled task)."""
         if not self.ok:
-            raise TaskFailed(self.task_id, self.error or ErrorInfo("UnknownError", ""))
+            error = self.error or ErrorInfo("UnknownError", "")
+            if self.cancelled:
+                raise TaskCancelled(self.task_id)
+            if self.gave_up:
+                raise TaskGaveUp(self.task_id, error, self.attempts)
+            raise TaskFailed(self.task_id, error)
         return self.value

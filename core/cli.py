@@ -1,4 +1,4 @@
-"""The ``truba`` command line: ``truba scheduler``, ``truba daemon``, ``truba up``, ``truba jobs``."""
+"""The ``truba`` command line: ``scheduler``, ``daemon``, ``up``, ``jobs``, ``daemons``, ``status``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     cluster.register(sub)
     _register_jobs(sub)
     _register_status(sub)
+    _register_daemons(sub)
     return parser
 
 
@@ -39,11 +40,54 @@ def _jobs(args: argparse.Namespace) -> int:
 
     with connect(args.scheduler) as client:
         jobs = client.list_jobs(include_done=args.all)
-    print(f"{'ID':<16} {'STATE':<10} {'IMPORTANCE':>10} {'SLOTS':>6} {'SUBMITTED':>10}  HANDLER")
+    header = f"{'ID':<14} {'STATE':<9} {'IMPORTANCE':>10} {'SHARE':>7} {'SLOTS':>6}"
+    print(f"{header} {'RUNNING':>8} {'DONE':>9} {'BACKLOG':>9}  HANDLER")
     for job in jobs:
         state = jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()
-        counts = f"{job.importance:>10g} {job.assigned_slots:>6} {job.submitted:>10}"
-        print(f"{job.id:<16} {state:<10} {counts}  {job.handler}")
+        c = job.counts
+        share = f"{job.importance:>10g} {job.fair_share:>7.1f} {job.assigned_slots:>6}"
+        counts = f"{c.running:>8} {c.done + c.failed:>9} {c.backlog:>9}"
+        print(f"{job.id:<14} {state:<9} {share} {counts}  {job.handler}")
+    return 0
+
+
+def _register_daemons(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser("daemons", help="list connected daemons; drain one for maintenance")
+    parser.add_argument("--scheduler", default="127.0.0.1:50051", metavar="HOST:PORT")
+    parser.add_argument(
+        "--drain", metavar="DAEMON_ID", help="tell this daemon to finish its tasks, take no new ones and exit"
+    )
+    parser.set_defaults(func=_daemons)
+
+
+def _daemons(args: argparse.Namespace) -> int:
+    import grpc
+
+    from truba.channel import Credentials, open_blocking_channel
+    from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
+
+    credentials = Credentials.from_env()
+    with open_blocking_channel(args.scheduler, credentials) as channel:
+        stub = daemons_pb2_grpc.DaemonServiceStub(channel)
+        try:
+            if args.drain:
+                info = stub.DrainDaemon(
+                    daemons_pb2.DrainDaemonRequest(daemon_id=args.drain), metadata=credentials.metadata()
+                )
+                print(f"daemon {info.daemon_id}: draining ({sum(j.slots for j in info.assigned)} slots busy)")
+                return 0
+            daemons = stub.ListDaemons(
+                daemons_pb2.ListDaemonsRequest(), metadata=credentials.metadata()
+            ).daemons
+        except grpc.RpcError as exc:
+            print(f"truba daemons: {exc.code().name}: {exc.details()}", file=sys.stderr)
+            return 1
+    print(f"{'DAEMON':<24} {'HOST':<16} {'SLOTS':>5} {'BUSY':>5} {'STATE':<9} JOBS")
+    for d in daemons:
+        busy = sum(s.busy_slots for s in d.stats)
+        jobs = ", ".join(f"{j.job_id}×{j.slots}" for j in d.assigned) or "-"
+        state = "draining" if d.draining else "up"
+        print(f"{d.daemon_id:<24} {d.hostname:<16} {d.slots:>5} {busy:>5} {state:<9} {jobs}")
     return 0
 
 
@@ -59,16 +103,18 @@ def _status(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    from truba.channel import Credentials, open_blocking_channel
     from truba.pipes.rabbit import redact
     from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
-    with grpc.insecure_channel(args.scheduler) as channel:
+    credentials = Credentials.from_env()
+    with open_blocking_channel(args.scheduler, credentials) as channel:
         try:
             health = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=""), timeout=args.timeout
             )
             info = jobs_pb2_grpc.JobServiceStub(channel).GetClusterInfo(
-                jobs_pb2.GetClusterInfoRequest(), timeout=args.timeout
+                jobs_pb2.GetClusterInfoRequest(), timeout=args.timeout, metadata=credentials.metadata()
             )
         except grpc.RpcError as exc:
             print(f"scheduler {args.scheduler}: unreachable ({exc.code().name})", file=sys.stderr)

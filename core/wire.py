@@ -3,6 +3,16 @@
 Both are msgpack arrays whose first element is a format version, so the format can evolve and
 anything else is recognised as foreign. Payloads and results are msgpack values (None, bool,
 int, float, str, bytes, lists, dicts); anything else is refused with a CodecError that says so.
+
+Format 1 has a fixed head and an optional map of *extras* after it::
+
+    task:   [1, task_id, payload]                                  + [{"attempts": n}]
+    result: [1, task_id, ok, value | [type, message, tb], daemon, seconds]
+                                                                   + [{"attempts": n, "gave_up": true}]
+
+An extra is written only when it differs from its default, so a fresh task or a first-attempt
+result is byte-for-byte what readers without extras expect; readers ignore extras they do not
+know and anything after the map (the next field goes there without a new format number).
 """
 
 from __future__ import annotations
@@ -19,10 +29,16 @@ FORMAT: Final = 1
 
 @dataclass(frozen=True, slots=True)
 class TaskMessage:
-    """One task: its id (unique within the job) and the handler's argument."""
+    """One task: its id (unique within the job) and the handler's argument.
+
+    ``attempts`` counts the attempts already spent on it without an outcome (the slot crashed,
+    timed out or ran out of memory, or its daemon or broker connection died); a fresh task has 0.
+    Attempts interrupted on purpose (preemption, draining) are not spent.
+    """
 
     task_id: str
     payload: object
+    attempts: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +52,12 @@ class ErrorInfo:
 
 @dataclass(frozen=True, slots=True)
 class ResultMessage:
-    """The outcome of one task as a daemon reports it: a value, or an error."""
+    """The outcome of one task as a daemon reports it: a value, an error, or a give-up.
+
+    ``attempts`` is the number of attempts made, the one that produced this outcome included.
+    ``gave_up`` marks a task that spent all its attempts without an outcome; ``error`` then says
+    what ended the last one (e.g. ``TaskTimeout``).
+    """
 
     task_id: str
     ok: bool
@@ -44,6 +65,24 @@ class ResultMessage:
     error: ErrorInfo | None = None
     daemon_id: str = ""
     seconds: float = 0.0
+    attempts: int = 1
+    gave_up: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class GaveUpRecord:
+    """What a daemon leaves in a job's dead-letter queue for a task it gave up on.
+
+    ``body`` is the task message as it was delivered (encoded), so it can be inspected and
+    resubmitted. Poison messages (undecodable) get a different record from the pipes, with
+    ``kind == "poison"``; both are msgpack maps with ``kind``, ``error`` and ``body``.
+    """
+
+    task_id: str
+    attempts: int
+    error: ErrorInfo
+    daemon_id: str
+    body: bytes
 
 
 def _pack(obj: object, what: str) -> bytes:
@@ -63,21 +102,45 @@ def _unpack(data: bytes, what: str) -> list[object]:
     return obj
 
 
+def _extras(obj: list[object], head: int, what: str) -> dict[object, object]:
+    """The extras map after a message's ``head`` fields ({} when absent)."""
+    if len(obj) <= head:
+        return {}
+    extras = obj[head]
+    if not isinstance(extras, dict):
+        raise CodecError(f"{what}: element {head} must be a map of extras")
+    return extras
+
+
+def _count(extras: dict[object, object], key: str, default: int, what: str) -> int:
+    value = extras.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise CodecError(f"{what}: {key} must be an int >= 0, got {value!r:.40}")
+    return value
+
+
 class TaskCodec:
-    """``TaskMessage`` <-> ``[1, task_id, payload]``."""
+    """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n}`` once an attempt was spent)."""
 
     def encode(self, message: TaskMessage) -> bytes:
-        return _pack([FORMAT, message.task_id, message.payload], f"task {message.task_id} payload")
+        fields: list[object] = [FORMAT, message.task_id, message.payload]
+        if message.attempts:
+            fields.append({"attempts": message.attempts})
+        return _pack(fields, f"task {message.task_id} payload")
 
     def decode(self, data: bytes) -> TaskMessage:
         obj = _unpack(data, "task")
-        if len(obj) != 3 or not isinstance(obj[1], str):
+        if len(obj) < 3 or not isinstance(obj[1], str):
             raise CodecError("task: expected [1, task_id: str, payload]")
-        return TaskMessage(obj[1], obj[2])
+        attempts = _count(_extras(obj, 3, "task"), "attempts", 0, "task")
+        return TaskMessage(obj[1], obj[2], attempts)
 
 
 class ResultCodec:
-    """``ResultMessage`` <-> ``[1, task_id, ok, value | [type, message, traceback], daemon, seconds]``."""
+    """``ResultMessage`` <-> ``[1, task_id, ok, value | [type, message, traceback], daemon, seconds]``.
+
+    Followed by ``{"attempts": n, "gave_up": true}`` when either differs from its default.
+    """
 
     def encode(self, message: ResultMessage) -> bytes:
         if message.ok:
@@ -85,19 +148,72 @@ class ResultCodec:
         else:
             error = message.error or ErrorInfo("UnknownError", "")
             body = [error.type, error.message, error.traceback]
-        return _pack(
-            [FORMAT, message.task_id, message.ok, body, message.daemon_id, message.seconds],
-            f"result of task {message.task_id}",
-        )
+        fields: list[object] = [
+            FORMAT,
+            message.task_id,
+            message.ok,
+            body,
+            message.daemon_id,
+            message.seconds,
+        ]
+        extras: dict[str, object] = {}
+        if message.attempts != 1:
+            extras["attempts"] = message.attempts
+        if message.gave_up:
+            extras["gave_up"] = True
+        if extras:
+            fields.append(extras)
+        return _pack(fields, f"result of task {message.task_id}")
 
     def decode(self, data: bytes) -> ResultMessage:
         obj = _unpack(data, "result")
-        if len(obj) != 6 or not isinstance(obj[1], str) or not isinstance(obj[2], bool):
+        if len(obj) < 6 or not isinstance(obj[1], str) or not isinstance(obj[2], bool):
             raise CodecError("result: expected [1, task_id, ok, body, daemon_id, seconds]")
-        _, task_id, ok, body, daemon_id, seconds = obj
+        _, task_id, ok, body, daemon_id, seconds = obj[:6]
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+            raise CodecError("result: seconds must be a number")
+        extras = _extras(obj, 6, "result")
+        attempts = _count(extras, "attempts", 1, "result")
+        gave_up = extras.get("gave_up", False)
+        if not isinstance(gave_up, bool):
+            raise CodecError("result: gave_up must be a bool")
         if ok:
-            return ResultMessage(task_id, True, body, None, str(daemon_id), float(seconds))  # type: ignore[arg-type]
+            return ResultMessage(task_id, True, body, None, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
         if not (isinstance(body, list) and len(body) == 3 and all(isinstance(x, str) for x in body)):
             raise CodecError("result: error body must be [type, message, traceback]")
         error = ErrorInfo(body[0], body[1], body[2])
-        return ResultMessage(task_id, False, None, error, str(daemon_id), float(seconds))  # type: ignore[arg-type]
+        return ResultMessage(task_id, False, None, error, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
+
+
+class GaveUpCodec:
+    """``GaveUpRecord`` <-> a msgpack map: kind "gave_up", task_id, attempts, error, daemon_id, body."""
+
+    def encode(self, record: GaveUpRecord) -> bytes:
+        error = record.error
+        return _pack(
+            {
+                "kind": "gave_up",
+                "task_id": record.task_id,
+                "attempts": record.attempts,
+                "error": [error.type, error.message, error.traceback],
+                "daemon_id": record.daemon_id,
+                "body": record.body,
+            },
+            f"dead-letter record of task {record.task_id}",
+        )
+
+    def decode(self, data: bytes) -> GaveUpRecord:
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CodecError(f"dead-letter record: not msgpack ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(obj, dict) or obj.get("kind") != "gave_up":
+            raise CodecError("dead-letter record: not a gave_up record")
+        error = obj.get("error")
+        if not (isinstance(error, list) and len(error) == 3 and all(isinstance(x, str) for x in error)):
+            raise CodecError("dead-letter record: error must be [type, message, traceback]")
+        task_id, body = obj.get("task_id"), obj.get("body")
+        if not isinstance(task_id, str) or not isinstance(body, bytes):
+            raise CodecError("dead-letter record: task_id must be a str and body bytes")
+        attempts = _count(obj, "attempts", 0, "dead-letter record")
+        return GaveUpRecord(task_id, attempts, ErrorInfo(*error), str(obj.get("daemon_id", "")), body)

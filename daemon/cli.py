@@ -1,27 +1,45 @@
-"""``truba daemon``: run a compute daemon on this node."""
+"""``truba daemon``: run a compute daemon on this node.
+
+Signals: the first SIGTERM or SIGINT drains (running tasks finish, their results are confirmed,
+nothing new is taken, then exit 0); a second one stops at once (running tasks go back to their
+queues, unspent; exit 0). ``--drain-timeout`` bounds a drain the same way.
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import logging
-import os
 import signal
 
 from truba import logs
-from truba.daemon.daemon import Daemon, DaemonConfig
+from truba.daemon.daemon import PREFETCH_EXTRA, Daemon, DaemonConfig
+from truba.daemon.runner import SlotPolicy
+from truba.daemon.sizing import default_slots
 
 log = logging.getLogger(__name__)
+MIB = 1024 * 1024
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds the ``daemon`` subcommand."""
     parser = subparsers.add_parser("daemon", help="run a compute daemon on this node")
+    add_arguments(parser)
+    parser.set_defaults(func=main)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The daemon's flags (shared by ``truba daemon`` and ``python -m truba.daemon``)."""
     parser.add_argument(
         "--scheduler", default="127.0.0.1:50051", metavar="HOST:PORT", help="scheduler address"
     )
     parser.add_argument(
-        "--slots", type=int, default=os.cpu_count() or 1, metavar="N", help="slot processes (default: CPUs)"
+        "--slots",
+        type=int,
+        default=None,
+        metavar="N",
+        help="slot processes (default: min(usable CPUs, available memory / per-slot memory), "
+        "per-slot memory being the hard limit, else the soft limit, else 512 MiB)",
     )
     parser.add_argument(
         "--allow",
@@ -31,19 +49,84 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="fnmatch pattern of handlers ('package.module:function') this daemon may import; repeatable",
     )
     parser.add_argument("--id", dest="daemon_id", default=None, help="daemon id (default: host-pid)")
+    parser.add_argument(
+        "--max-tasks-per-slot",
+        type=int,
+        default=0,
+        metavar="N",
+        help="replace a slot's process after N tasks (default 0: never)",
+    )
+    parser.add_argument(
+        "--slot-memory-soft",
+        type=float,
+        default=0,
+        metavar="MIB",
+        help="replace a slot's process after a task when its private memory (USS) exceeds this",
+    )
+    parser.add_argument(
+        "--slot-memory-hard",
+        type=float,
+        default=0,
+        metavar="MIB",
+        help="kill a slot during a task when its private memory exceeds this (the attempt is spent)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="on SIGTERM, interrupt tasks still running after this long (default: let them finish)",
+    )
+    parser.add_argument(
+        "--prefetch-extra",
+        type=int,
+        default=PREFETCH_EXTRA,
+        metavar="N",
+        help=f"deliveries a job may hold per broker beyond its slots (default {PREFETCH_EXTRA})",
+    )
+    parser.add_argument(
+        "--broker-heartbeat", type=float, default=10.0, metavar="SECONDS", help="AMQP heartbeat"
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
-    parser.set_defaults(func=main)
+
+
+def config_from(args: argparse.Namespace) -> DaemonConfig | str:
+    """The daemon's config from parsed flags, or an error message."""
+    if args.slots is not None and args.slots < 1:
+        return "--slots must be >= 1"
+    if args.max_tasks_per_slot < 0 or args.slot_memory_soft < 0 or args.slot_memory_hard < 0:
+        return "--max-tasks-per-slot and --slot-memory-* must be >= 0"
+    if args.slot_memory_soft and args.slot_memory_hard and args.slot_memory_soft > args.slot_memory_hard:
+        return "--slot-memory-soft must not exceed --slot-memory-hard"
+    if args.prefetch_extra < 0:
+        return "--prefetch-extra must be >= 0"
+    policy = SlotPolicy(
+        max_tasks=args.max_tasks_per_slot or None,
+        memory_soft=int(args.slot_memory_soft * MIB) or None,
+        memory_hard=int(args.slot_memory_hard * MIB) or None,
+    )
+    slots = args.slots or default_slots(policy.memory_hard or policy.memory_soft)
+    config = DaemonConfig(
+        args.scheduler,
+        slots,
+        list(args.allow),
+        broker_heartbeat=args.broker_heartbeat,
+        policy=policy,
+        prefetch_extra=args.prefetch_extra,
+        drain_timeout=args.drain_timeout,
+    )
+    if args.daemon_id:
+        config.daemon_id = args.daemon_id
+    return config
 
 
 def main(args: argparse.Namespace) -> int:
     logs.setup(args.log_level, args.log_format)
-    if args.slots < 1:
-        log.error("daemon.bad_args", extra={"error": "--slots must be >= 1"})
+    config = config_from(args)
+    if isinstance(config, str):
+        log.error("daemon.bad_args", extra={"error": config})
         return 2
-    config = DaemonConfig(args.scheduler, args.slots, list(args.allow))
-    if args.daemon_id:
-        config.daemon_id = args.daemon_id
     logs.bind_process(daemon_id=config.daemon_id)
     return asyncio.run(_serve(config))
 
@@ -51,7 +134,16 @@ def main(args: argparse.Namespace) -> int:
 async def _serve(config: DaemonConfig) -> int:
     daemon = Daemon(config)
     loop = asyncio.get_running_loop()
+
+    def on_signal(signum: signal.Signals) -> None:
+        if daemon.draining:
+            log.info("daemon.signal", extra={"signal": signum.name, "action": "stop now"})
+            daemon.stop_now()
+        else:
+            log.info("daemon.signal", extra={"signal": signum.name, "action": "drain"})
+            daemon.drain(f"signal {signum.name}")
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(signum, daemon.stop)
+        loop.add_signal_handler(signum, on_signal, signum)
     await daemon.run()
     return 0

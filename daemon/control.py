@@ -1,7 +1,8 @@
 """The daemon's link to the scheduler: one Connect stream, reopened with backoff and jitter.
 
-Up the stream go Hello (who we are, what we run) and heartbeats (applied assignment, stats);
-down come Welcome (brokers) and Assignments (the complete desired state). When the scheduler is
+Up the stream go Hello (who we are, what we run) and heartbeats (applied assignment, stats,
+draining); down come Welcome (brokers), Assignments (the complete desired state) and Drain
+(finish what runs, take nothing new, exit). When the scheduler is
 unreachable the daemon keeps running its last assignment and keeps trying: the two converge
 again after reconnect (eventual consistency).
 """
@@ -16,6 +17,7 @@ from typing import Protocol
 
 import grpc
 
+from truba.channel import Credentials, open_channel
 from truba.pipes.retry import Backoff
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
@@ -35,16 +37,30 @@ class Assignee(Protocol):
 
     def assign(self, assignment: daemons_pb2.Assignment) -> None: ...
 
+    def drain(self, reason: str = "scheduler") -> None: ...
+
 
 class SchedulerLink:
     """Keeps a Connect stream to the scheduler open until ``stop`` is set."""
 
-    def __init__(self, address: str, daemon: Assignee, backoff: Backoff | None = None) -> None:
+    def __init__(
+        self,
+        address: str,
+        daemon: Assignee,
+        backoff: Backoff | None = None,
+        credentials: Credentials | None = None,
+    ) -> None:
         self.address = address
+        self.credentials = credentials or Credentials.from_env()
         self.daemon = daemon
         self.backoff = backoff or RECONNECT_BACKOFF
         self.connected = asyncio.Event()
         self._heartbeat_interval = 2.0
+        self._nudged = asyncio.Event()
+
+    def nudge(self) -> None:
+        """Sends a heartbeat now instead of at the next interval (e.g. the daemon started draining)."""
+        self._nudged.set()
 
     async def run(self, stop: asyncio.Event) -> None:
         attempt = 0
@@ -79,10 +95,12 @@ class SchedulerLink:
 
         async def beat() -> None:
             while True:
-                await asyncio.sleep(self._heartbeat_interval)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._nudged.wait(), self._heartbeat_interval)
+                self._nudged.clear()
                 outbox.put_nowait(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
 
-        async with grpc.aio.insecure_channel(self.address) as channel:
+        async with open_channel(self.address, self.credentials) as channel:
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
             call = stub.Connect(requests())
             beating = asyncio.create_task(beat())
@@ -119,5 +137,8 @@ class SchedulerLink:
             )
             self.daemon.welcome(message.welcome)
             self.connected.set()
+            self.nudge()  # the first heartbeat now, at the scheduler's interval from then on
         elif kind == "assignment":
             self.daemon.assign(message.assignment)
+        elif kind == "drain":
+            self.daemon.drain("scheduler")

@@ -1,9 +1,15 @@
 """The compute daemon: S slot processes, lent to jobs as the scheduler assigns them.
 
-The daemon keeps the scheduler's latest assignment (slots per job) as its desired state and
-reconciles towards it whenever something changes: a runner per assigned job, each with as many
-workers as it has slots, every worker holding one slot process. Reassignment is graceful here: a
-worker leaves its job after its current task and its slot goes to the job that needs it.
+The daemon keeps the scheduler's latest assignment (slots and settings per job) as its desired
+state and reconciles towards it whenever something changes: a runner per assigned job, each with
+as many workers as it has slots, every worker holding one slot process. A slot taken from a job
+moves to the job that needs it after the running task ends (graceful preemption) or at once, the
+task going back to its queue unspent (immediate preemption, a per-job setting).
+
+Draining (the first SIGTERM/SIGINT, or the scheduler's ``Drain``): heartbeats say so, no task is
+taken any more, running tasks finish and their results are confirmed and acked, then the daemon
+exits. Stopping now (a second signal, or ``--drain-timeout`` passed): running tasks are
+interrupted and go back to their queues unspent, then the daemon exits.
 """
 
 from __future__ import annotations
@@ -15,31 +21,52 @@ import os
 import socket
 import time
 from dataclasses import dataclass, field
+from typing import Final
 
 from truba.daemon.allow import is_allowed
 from truba.daemon.control import SchedulerLink
-from truba.daemon.runner import JobRunner
+from truba.daemon.ends import JobPipes
+from truba.daemon.runner import JobRunner, SlotPolicy
+from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
-from truba.pipes.base import Listener, Sender
+from truba.daemon.stats import JobStats
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker, redact
 from truba.pipes.stacks import listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
-from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import GaveUpCodec, ResultCodec, TaskCodec
 
 log = logging.getLogger(__name__)
-REOPEN_DELAY = 1.0
+REOPEN_DELAY: Final = 1.0
+STATS_REPORTED: Final = 60.0
+"""Seconds a job's counters are still reported after it left this daemon (its last ends land)."""
+STATS_KEPT: Final = 3600.0
+"""Seconds a job's counters are kept after that: if it comes back meanwhile, they go on (never
+backwards, the scheduler takes differences); after that they start again from zero."""
+PREFETCH_EXTRA: Final = 1
+SHORT_TASK: Final = 0.05
+"""Seconds: a job whose tasks take less (moving average) gets ``prefetch_extra`` deliveries more."""
+"""Deliveries a job may hold per broker beyond its slots (late binding; measured, see cli)."""
 
 
 @dataclass
 class DaemonConfig:
-    """How a daemon runs. ``allow`` holds fnmatch patterns over ``module:function``."""
+    """How a daemon runs. ``allow`` holds fnmatch patterns over ``module:function``.
+
+    ``prefetch_extra``: deliveries per broker beyond the job's slots. ``drain_timeout``: seconds
+    a drain may take before running tasks are interrupted (None: as long as they run).
+    ``stop_confirm_timeout``: seconds an immediate stop waits for confirms of what it put back.
+    """
 
     scheduler: str
     slots: int
     allow: list[str]
     daemon_id: str = field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
     broker_heartbeat: float = 10.0
+    policy: SlotPolicy = field(default_factory=SlotPolicy)
+    prefetch_extra: int = PREFETCH_EXTRA
+    drain_timeout: float | None = None
+    stop_confirm_timeout: float = 5.0
 
 
 @dataclass(frozen=True)
@@ -51,6 +78,7 @@ class Wanted:
     tasks_queue: str
     results_queue: str
     dead_queue: str
+    settings: JobSettings = JobSettings()
 
 
 class Daemon:
@@ -66,10 +94,18 @@ class Daemon:
         self._wanted: dict[str, Wanted] = {}
         self._version = 0
         self._runners: dict[str, JobRunner] = {}
+        self._closing: dict[JobRunner, asyncio.Task[None]] = {}
+        self._stats: dict[str, JobStats] = {}
+        self._stats_seen: dict[str, float] = {}
         self._retry_at: dict[str, float] = {}
-        self._closing: set[asyncio.Task[None]] = set()
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
+        self._draining = False
+        self._now = False
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
 
     # -- what the scheduler link calls ---------------------------------------------------------
 
@@ -85,19 +121,32 @@ class Daemon:
         )
 
     def heartbeat(self) -> daemons_pb2.Heartbeat:
+        now = time.monotonic()
+        for job_id in self._jobs_here():
+            self._stats_seen[job_id] = now
+        for job_id, seen in list(self._stats_seen.items()):
+            if now - seen > STATS_KEPT:
+                del self._stats_seen[job_id]
+                self._stats.pop(job_id, None)
         stats = [
-            daemons_pb2.JobStats(
-                job_id=job_id, done=r.stats.done, failed=r.stats.failed, busy_slots=r.stats.busy
-            )
-            for job_id, r in self._runners.items()
+            s.to_proto(job_id)
+            for job_id, s in self._stats.items()
+            if now - self._stats_seen.get(job_id, now) <= STATS_REPORTED
         ]
-        return daemons_pb2.Heartbeat(applied_version=self._version, running=self._running(), stats=stats)
+        return daemons_pb2.Heartbeat(
+            applied_version=self._version, running=self._running(), stats=stats, draining=self._draining
+        )
+
+    def _jobs_here(self) -> set[str]:
+        return set(self._runners) | {r.job_id for r in self._closing}
 
     def _running(self) -> list[daemons_pb2.JobSlots]:
-        return [
-            daemons_pb2.JobSlots(job_id=job_id, handler=r.handler, slots=r.active)
-            for job_id, r in self._runners.items()
-        ]
+        slots: dict[str, int] = {}
+        handlers: dict[str, str] = {}
+        for runner in [*self._runners.values(), *self._closing]:
+            slots[runner.job_id] = slots.get(runner.job_id, 0) + runner.active
+            handlers[runner.job_id] = runner.handler
+        return [daemons_pb2.JobSlots(job_id=j, handler=handlers[j], slots=n) for j, n in slots.items()]
 
     def welcome(self, welcome: daemons_pb2.Welcome) -> None:
         brokers = [b.url for b in welcome.brokers]
@@ -119,7 +168,12 @@ class Daemon:
                 log.error("daemon.job.refused", extra={"job_id": job.job_id, "handler": job.handler})
                 continue
             wanted[job.job_id] = Wanted(
-                job.handler, job.slots, job.queues.tasks, job.queues.results, job.queues.dead
+                job.handler,
+                job.slots,
+                job.queues.tasks,
+                job.queues.results,
+                job.queues.dead,
+                JobSettings.from_proto(job.settings),
             )
         log.info(
             "daemon.assigned",
@@ -129,10 +183,38 @@ class Daemon:
         self._version = assignment.version
         self._changed.set()
 
+    def drain(self, reason: str = "scheduler") -> None:
+        """Finish running tasks, take no new ones, then exit (see the module docstring)."""
+        if self._draining:
+            return
+        self._draining = True
+        log.info("daemon.draining", extra={"reason": reason, "running": self._running_counts()})
+        if self.config.drain_timeout is not None:
+            asyncio.get_running_loop().call_later(self.config.drain_timeout, self.stop_now)
+        self.link.nudge()
+        self._changed.set()
+
+    def stop(self) -> None:
+        """Same as :meth:`drain` (kept for callers of the first daemon API)."""
+        self.drain("stop")
+
+    def stop_now(self) -> None:
+        """Interrupt running tasks (back to their queues, unspent), confirm, then exit."""
+        if self._now:
+            return
+        self._draining = self._now = True
+        log.info("daemon.stopping_now", extra={"running": self._running_counts()})
+        for runner in [*self._runners.values(), *self._closing]:
+            runner.stop_now()
+        self._changed.set()
+
+    def _running_counts(self) -> dict[str, int]:
+        return {r.job_id: r.stats.busy for r in [*self._runners.values(), *self._closing]}
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Runs until :meth:`stop`; then finishes running tasks and closes everything."""
+        """Runs until drained or stopped; then closes everything."""
         log.info(
             "daemon.starting",
             extra={
@@ -144,85 +226,116 @@ class Daemon:
         await asyncio.gather(*(slot.start() for slot in self._slots))
         link = asyncio.create_task(self.link.run(self._stop))
         try:
-            while not self._stop.is_set():
+            while not (self._draining and not self._runners and not self._closing):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), 1.0)
                 self._changed.clear()
-                if not self._stop.is_set():
-                    await self._reconcile()
+                await self._reconcile()
         finally:
             await self._shutdown(link)
 
-    def stop(self) -> None:
-        self._stop.set()
-        self._changed.set()
-
     async def _shutdown(self, link: asyncio.Task[None]) -> None:
-        log.info("daemon.stopping", extra={"running": list(self._runners)})
-        await asyncio.gather(*(r.close() for r in self._runners.values()), return_exceptions=True)
-        await asyncio.gather(*self._closing, return_exceptions=True)
+        log.info("daemon.stopping", extra={"running": list(self._jobs_here())})
+        for runner in list(self._runners.values()):
+            self._close_later(runner)
+        self._runners.clear()
+        await asyncio.gather(*self._closing.values(), return_exceptions=True)
         await asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True)
-        await asyncio.gather(*(link.close() for link in self._links), return_exceptions=True)
+        await asyncio.gather(*(broker.close() for broker in self._links), return_exceptions=True)
+        self._stop.set()
         await link
         log.info("daemon.stopped")
 
     # -- reconciliation ------------------------------------------------------------------------
 
     async def _reconcile(self) -> None:
+        wanted = {} if self._draining else self._wanted
         for job_id, runner in list(self._runners.items()):
-            wanted = self._wanted.get(job_id)
-            runner.target = wanted.slots if wanted is not None else 0
-            if runner.target > 0:
-                await runner.window.resize(_window_for(runner.target))
-            if runner.failure is not None or runner.target == 0:
+            job = wanted.get(job_id)
+            target = job.slots if job is not None else 0
+            if self._draining:
+                runner.resize(0, immediate=self._now)
+            else:
+                runner.resize(target, job.settings if job is not None else None)
+            if target > 0 and runner.failure is None:
+                await runner.window.resize(self._window_for(target, job_id))
+            if runner.failure is not None or target == 0:
                 if runner.failure is not None:
                     log.warning("daemon.job.reopen", extra={"job_id": job_id, "error": repr(runner.failure)})
                     self._retry_at[job_id] = time.monotonic() + REOPEN_DELAY
                 del self._runners[job_id]
                 self._close_later(runner)
-        for job_id, wanted in self._wanted.items():
-            if job_id not in self._runners and wanted.slots > 0 and self._brokers:
+        for job_id, job in wanted.items():
+            if job_id not in self._runners and job.slots > 0 and self._brokers:
                 if time.monotonic() >= self._retry_at.get(job_id, 0.0):
-                    self._open_runner(job_id, wanted)
+                    self._open_runner(job_id, job)
         for runner in self._runners.values():
             while runner.active < runner.target and self._free:
                 runner.add_worker(self._free.pop())
 
     def _close_later(self, runner: JobRunner) -> None:
         task = asyncio.create_task(runner.close())
-        self._closing.add(task)
-        task.add_done_callback(self._closing.discard)
+        self._closing[runner] = task
+
+        def closed(_: asyncio.Task[None]) -> None:
+            self._closing.pop(runner, None)
+            self._changed.set()
+
+        task.add_done_callback(closed)
 
     def _release(self, slot: SlotProcess) -> None:
         self._free.append(slot)
         self._changed.set()
 
-    def _open_runner(self, job_id: str, wanted: Wanted) -> None:
-        window = Window(_window_for(wanted.slots))
-        tasks, results = self._open_pipes(wanted, window)
+    def _window_for(self, slots: int, job_id: str) -> int:
+        """Prefetch: the job's slots, plus ``prefetch_extra`` only for a job whose tasks are
+        known to be short (then the round trip to fetch the next task is a large part of a
+        task's time); longer tasks get no extra, so no daemon holds a task it is not running."""
+        stats = self._stats.get(job_id)
+        short = stats is not None and 0.0 < stats.service_time < SHORT_TASK
+        return max(1, slots + (self.config.prefetch_extra if short else 0))
+
+    def _open_runner(self, job_id: str, job: Wanted) -> None:
+        window = Window(self._window_for(job.slots, job_id))
+        stats = self._stats.setdefault(job_id, JobStats())
+        self._stats_seen[job_id] = time.monotonic()
         self._runners[job_id] = JobRunner(
-            job_id, wanted.handler, self.config.daemon_id, tasks, results, self._release, wanted.slots, window
+            job_id,
+            job.handler,
+            self.config.daemon_id,
+            self._open_pipes(job, window),
+            self._release,
+            target=job.slots,
+            settings=job.settings,
+            stats=stats,
+            policy=self.config.policy,
+            window=window,
+            stop_timeout=self.config.stop_confirm_timeout,
         )
         log.info(
-            "daemon.job.opened", extra={"job_id": job_id, "handler": wanted.handler, "slots": wanted.slots}
+            "daemon.job.opened",
+            extra={
+                "job_id": job_id,
+                "handler": job.handler,
+                "slots": job.slots,
+                "immediate": job.settings.immediate,
+                "task_timeout": job.settings.task_timeout,
+                "max_attempts": job.settings.max_attempts,
+            },
         )
 
-    def _open_pipes(
-        self, wanted: Wanted, window: Window
-    ) -> tuple[Listener[TaskMessage], Sender[ResultMessage]]:
-        """The job's task listener and result sender (see truba.pipes.stacks); they connect lazily."""
-        tasks = listen_stack(
-            TaskCodec(),
-            self._links,
-            wanted.tasks_queue,
-            window,
-            role="tasks",
-            dead_letter_queue=wanted.dead_queue,
+    def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
+        """The job's pipes (see truba.pipes.stacks); they connect lazily."""
+        return JobPipes(
+            tasks=listen_stack(
+                TaskCodec(),
+                self._links,
+                job.tasks_queue,
+                window,
+                role="tasks",
+                dead_letter_queue=job.dead_queue,
+            ),
+            results=send_stack(ResultCodec(), self._links, job.results_queue, role="results"),
+            requeue=send_stack(TaskCodec(), self._links, job.tasks_queue, role="requeue"),
+            dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
         )
-        results = send_stack(ResultCodec(), self._links, wanted.results_queue, role="results")
-        return tasks, results
-
-
-def _window_for(slots: int) -> int:
-    """Prefetch per broker: twice the slots, so a slot computes while the last result is confirmed."""
-    return max(1, 2 * slots)

@@ -1,28 +1,41 @@
-"""One job on one daemon: its pipes and the workers that follow the task life.
+"""One job on one daemon: workers that follow the task life on the daemon's slots.
 
-Task life: get a task → compute it in a slot → send the result → wait for the result's confirm →
-ack the task. The last two steps run in the background, so a slot computes the next task while
-the broker confirms the previous result (at most ``target`` results wait per runner). A daemon
-killed anywhere in between loses nothing: the broker redelivers the unacked task, and the client
-deduplicates results by task id.
+Task life: get a delivery → admit it (attempts spent so far, :mod:`truba.daemon.attempts`) →
+run one attempt in a slot under its limits (:mod:`truba.daemon.supervise`) → end it
+(:mod:`truba.daemon.ends`): result, requeue or give-up, published and confirmed, then acked.
+The confirm and the ack run in the background while the slot takes the next task (at most
+``target`` ends wait per runner).
 
-The number of workers follows ``target`` (slots the scheduler assigned). Shrinking is graceful:
-a worker leaves after its current task and gives its slot back to the pool.
+The number of workers follows ``target`` (slots the scheduler assigned). Idle workers leave at
+once when it drops. Busy workers leave after their task (graceful preemption), or, for a job
+with immediate preemption, are interrupted: the slot is killed and restarted, the task goes back
+to its queue without spending an attempt, and the slot is free within milliseconds.
+
+After a task a slot is recycled (replaced by a fresh process) when it ran ``max_tasks`` tasks or
+its private memory passed the soft limit; a slot passing the hard limit during a task is killed
+and the attempt spent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
-from truba.daemon.slots import SlotDied, SlotProcess
+from truba.daemon.attempts import LOST, Verdict, admit, after_failure
+from truba.daemon.ends import JobPipes, TaskEnds
+from truba.daemon.settings import JobSettings
+from truba.daemon.slots import SlotProcess
+from truba.daemon.stats import JobStats
+from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, run_attempt
 from truba.logs import bind
-from truba.pipes.base import Confirmation, Delivery, Listener, Sender
-from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
+from truba.pipes.base import Delivery
+from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.prefetch import Window
 from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
@@ -30,141 +43,379 @@ log = logging.getLogger(__name__)
 GET_TIMEOUT = 0.5
 
 
-@dataclass
-class JobStats:
-    """Counters a daemon reports to the scheduler for one job."""
+@dataclass(frozen=True)
+class SlotPolicy:
+    """When a slot is replaced: after ``max_tasks`` tasks, or over ``memory_soft`` bytes after a
+    task; ``memory_hard`` bytes kill it during a task (None: no such limit)."""
 
-    done: int = 0
-    failed: int = 0
-    busy: int = 0
+    max_tasks: int | None = None
+    memory_soft: int | None = None
+    memory_hard: int | None = None
 
 
-@dataclass
-class JobRunner:
-    """Runs one job's tasks on some of the daemon's slots.
+@runtime_checkable
+class StopsConsuming(Protocol):
+    """A listener that can stop new deliveries while those it holds stay gettable and settleable.
 
-    ``tasks`` and ``results`` are the job's built pipes; ``release`` gives a slot back to the
-    daemon's pool when a worker leaves. ``failure`` holds the pipe error that stopped the runner
-    (its owner reopens it).
+    With it, a runner that closes hands back the deliveries it holds but never started by
+    publishing them again, unspent; without it, closing the listener returns them to the broker,
+    which marks them redelivered, and their next daemon counts an attempt.
     """
 
-    job_id: str
-    handler: str
-    daemon_id: str
-    tasks: Listener[TaskMessage]
-    results: Sender[ResultMessage]
-    release: Callable[[SlotProcess], None]
-    target: int = 0
-    window: Window = field(default_factory=lambda: Window(1))
-    stats: JobStats = field(default_factory=JobStats)
-    failure: PipeError | None = None
-    _workers: set[asyncio.Task[None]] = field(default_factory=set)
-    _settling: set[asyncio.Task[None]] = field(default_factory=set)
-    _closing: bool = False
+    async def cancel(self) -> None: ...
+
+
+@dataclass(eq=False)
+class Worker:
+    """One slot lent to the job, and the state the runner steers it by."""
+
+    slot: SlotProcess
+    busy: bool = False
+    leaving: bool = False
+    started_at: float = 0.0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    interrupt: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class JobRunner:
+    """Runs one job's tasks on some of the daemon's slots; see the module docstring.
+
+    ``release`` gives a slot back to the daemon's pool when its worker leaves. ``failure`` holds
+    the pipe error that stopped the runner (its owner reopens it).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        handler: str,
+        daemon_id: str,
+        pipes: JobPipes,
+        release: Callable[[SlotProcess], None],
+        *,
+        target: int = 0,
+        settings: JobSettings | None = None,
+        stats: JobStats | None = None,
+        policy: SlotPolicy | None = None,
+        window: Window | None = None,
+        stop_timeout: float = 5.0,
+    ) -> None:
+        self.job_id = job_id
+        self.handler = handler
+        self.daemon_id = daemon_id
+        self.pipes = pipes
+        self.release = release
+        self.target = target
+        self.settings = settings or JobSettings()
+        self.stats = stats or JobStats()
+        self.policy = policy or SlotPolicy()
+        self.window = window or Window(1)
+        self.stop_timeout = stop_timeout
+        self.failure: PipeError | None = None
+        self.ends = TaskEnds(pipes, daemon_id, self.stats, self._broke)
+        self._workers: dict[Worker, asyncio.Task[None]] = {}
+        self._idle = 0
+        """Workers waiting for a delivery right now."""
+        self._closing = False
+        self._now = False
+        self._stopping: asyncio.Future[None] | None = None
+
+    # -- what the daemon steers -----------------------------------------------------------------
 
     @property
     def active(self) -> int:
+        """Workers holding a slot (leaving ones included until they let go)."""
         return len(self._workers)
 
     @property
-    def idle(self) -> bool:
-        return not self._workers
+    def staying(self) -> int:
+        return sum(1 for w in self._workers if not w.leaving)
 
     def add_worker(self, slot: SlotProcess) -> None:
-        worker = asyncio.create_task(self._work(slot), name=f"worker-{self.job_id}-{slot.index}")
-        self._workers.add(worker)
-        worker.add_done_callback(self._workers.discard)
+        worker = Worker(slot)
+        task = asyncio.create_task(self._work(worker), name=f"worker-{self.job_id}-{slot.index}")
+        self._workers[worker] = task
 
-    def _should_leave(self) -> bool:
-        return self._closing or self.failure is not None or self.active > self.target
+    def resize(
+        self, target: int, settings: JobSettings | None = None, *, immediate: bool | None = None
+    ) -> None:
+        """Follows a new slot count: idle workers over it leave now, busy ones per preemption.
 
-    async def _work(self, slot: SlotProcess) -> None:
-        with bind(job_id=self.job_id, slot=slot.index):
-            log.info("daemon.worker.started", extra={"handler": self.handler})
+        ``immediate`` overrides the job's preemption setting (a drain never interrupts).
+        """
+        self.target = target
+        if settings is not None:
+            self.settings = settings
+        if target == 0:
+            self._stop_taking()  # the job leaves this daemon: before anything goes back to its queue
+        interrupt = self.settings.immediate if immediate is None else immediate
+        excess = self.staying - target
+        if excess <= 0:
+            return
+        staying = [w for w in self._workers if not w.leaving]
+        for worker in [w for w in staying if not w.busy][:excess]:
+            worker.leaving = True
+            worker.wake.set()
+            excess -= 1
+        if excess > 0 and interrupt:
+            # Interrupt the most recently started tasks: they lose the least work.
+            busy = sorted((w for w in staying if w.busy), key=lambda w: w.started_at, reverse=True)
+            for worker in busy[:excess]:
+                worker.leaving = True
+                worker.interrupt.set()
+        # Graceful: whichever busy worker finishes first leaves (see _leaves).
+
+    def stop_now(self) -> None:
+        """Interrupts every running task (they go back to their queue unspent) and closes."""
+        self._closing = True
+        self._now = True
+        self._stop_taking()
+        for worker in self._workers:
+            worker.leaving = True
+            worker.wake.set()
+            worker.interrupt.set()
+
+    async def close(self) -> None:
+        """Lets workers leave (after their task unless :meth:`stop_now`), then closes the pipes.
+
+        Every end already published is confirmed and acked first; after :meth:`stop_now` that
+        wait is bounded by ``stop_timeout`` (what is left unacked goes back to the broker).
+        """
+        self._closing = True
+        self._stop_taking()
+        for worker in self._workers:
+            if not worker.busy:
+                worker.wake.set()
+        if self._workers:
+            await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        await self._hand_back_unstarted()
+        if not await self._settled():
+            log.warning("daemon.job.unconfirmed_on_close", extra={"job_id": self.job_id})
+        await self.pipes.close()
+        log.info("daemon.job.closed", extra={"job_id": self.job_id, "stats": dataclasses.asdict(self.stats)})
+
+    async def _settled(self) -> bool:
+        """Waits for every end in flight; bounded by ``stop_timeout`` once stopping now."""
+        stopping_since: float | None = None
+        while not await self.ends.wait(0, 0.25):
+            if self._now:
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since > self.stop_timeout:
+                    return False
+        return True
+
+    def _stop_taking(self) -> asyncio.Future[None]:
+        """Stops new deliveries (once), if the listener can (see StopsConsuming)."""
+        if self._stopping is None:
+            self._stopping = asyncio.ensure_future(self._cancel_listener())
+        return self._stopping
+
+    async def _cancel_listener(self) -> None:
+        tasks = self.pipes.tasks
+        if isinstance(tasks, StopsConsuming):
+            with contextlib.suppress(PipeError, TimeoutError):
+                await asyncio.wait_for(tasks.cancel(), self.stop_timeout)
+                log.debug("daemon.job.consumer_cancelled", extra={"job_id": self.job_id})
+
+    async def _requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
+        """Puts a task back into its queue; once the job is leaving, only after consuming stopped,
+        so the copy cannot land in this runner's own listener and come back as redelivered."""
+        if self._stopping is not None:
+            await asyncio.shield(self._stopping)
+        await self.ends.requeue(delivery, task, reason)
+
+    # -- the workers ----------------------------------------------------------------------------
+
+    def _broke(self, exc: PipeError) -> None:
+        if self.failure is None:
+            self.failure = exc
+
+    def _leaves(self, worker: Worker) -> bool:
+        if worker.leaving or self._closing or self.failure is not None:
+            return True
+        if self.staying > self.target:
+            worker.leaving = True
+            return True
+        return False
+
+    async def _work(self, worker: Worker) -> None:
+        with bind(job_id=self.job_id, slot=worker.slot.index, daemon_id=self.daemon_id):
+            log.debug("daemon.worker.started", extra={"handler": self.handler})
             try:
-                while not self._should_leave():
-                    delivery = await self.tasks.get(GET_TIMEOUT)
-                    if delivery is None:
-                        continue
-                    await self._run_task(slot, delivery.message, delivery)
+                while not self._leaves(worker):
+                    delivery = await self._take(worker)
+                    if delivery is not None:
+                        await self._handle(worker, delivery)
+                        await self.ends.wait(max(1, self.target))  # backpressure on confirms
             except PipeClosed:
                 pass
             except PipeError as exc:
-                if self.failure is None:
-                    self.failure = exc
+                self._broke(exc)
                 log.warning("daemon.worker.pipe_failed", extra={"error": repr(exc)})
+            except Exception:
+                log.exception("daemon.worker.crashed")
+                raise
             finally:
-                log.info("daemon.worker.left")
-                self.release(slot)
+                log.debug("daemon.worker.left")
+                del self._workers[worker]
+                self.release(worker.slot)
 
-    async def _run_task(self, slot: SlotProcess, task: TaskMessage, delivery: Delivery[TaskMessage]) -> None:
-        with bind(task_id=task.task_id):
-            log.debug("daemon.task.received", extra={"redelivered": delivery.redelivered})
-            self.stats.busy += 1
-            try:
-                reply = await slot.run(self.handler, task.task_id, task.payload)
-            except SlotDied as exc:
-                log.warning("daemon.task.slot_died", extra={"error": str(exc)})
-                await _settle(delivery.reject(requeue=True))
-                return
-            finally:
-                self.stats.busy -= 1
-            result = ResultMessage(
-                task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds
-            )
-            try:
-                confirmation = await self.results.send(result)
-            except PipeError as exc:
-                if exc.retryable or isinstance(exc, PipeClosed):
-                    raise
-                # The result itself cannot be sent (e.g. too large): report that as the outcome.
-                error = ErrorInfo(type(exc).__name__, f"result could not be sent: {exc}")
-                result = ResultMessage(task.task_id, False, None, error, self.daemon_id, reply.seconds)
-                confirmation = await self.results.send(result)
-            # The slot is free now: the confirm is awaited, and the task acked, in the background.
-            settling = asyncio.create_task(self._ack_when_confirmed(confirmation, delivery, reply.ok))
-            self._settling.add(settling)
-            settling.add_done_callback(self._settling.discard)
-            while len(self._settling) > max(1, self.target):
-                await asyncio.wait(set(self._settling), return_when=asyncio.FIRST_COMPLETED)
-
-    async def _ack_when_confirmed(
-        self, confirmation: Confirmation, delivery: Delivery[TaskMessage], ok: bool
-    ) -> None:
-        """The end of a task's life: its result is confirmed, then the task is acked."""
-        started = time.perf_counter()
+    async def _take(self, worker: Worker) -> Delivery[TaskMessage] | None:
+        """The next delivery, or None on timeout or when the runner wakes this worker."""
+        if worker.wake.is_set():
+            worker.wake.clear()
+            return None
+        getting = asyncio.ensure_future(self.pipes.tasks.get(GET_TIMEOUT))
+        waking = asyncio.ensure_future(worker.wake.wait())
+        self._idle += 1
         try:
-            await confirmation
-        except PipeError as exc:
-            log.warning("daemon.result.unconfirmed", extra={"error": repr(exc)})
-            await _settle(delivery.reject(requeue=True))
-            if isinstance(exc, PipeBroken) and self.failure is None:
-                self.failure = exc
-            return
-        log.debug("daemon.result.confirmed", extra={"confirm_seconds": time.perf_counter() - started})
-        if ok:
-            self.stats.done += 1
+            await asyncio.wait({getting, waking}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self._idle -= 1
+            waking.cancel()
+            if not getting.done():
+                getting.cancel()
+        woken = worker.wake.is_set()
+        worker.wake.clear()
+        try:
+            delivery = await getting  # a delivery that arrived as we were woken is ours all the same
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return None
+        await self._adapt_window(delivery, woken)
+        return delivery
+
+    async def _adapt_window(self, delivery: Delivery[TaskMessage] | None, woken: bool) -> None:
+        """Late binding over several brokers (see :class:`~truba.pipes.prefetch.Window`): with
+        every slot busy, split the prefetch so the daemon holds no task it is not running; when
+        a slot found nothing, lift the split (the tasks may be on one broker only)."""
+        try:
+            if delivery is not None and self._idle == 0:
+                await self.window.set_split(True)
+            elif delivery is None and not woken:
+                await self.window.set_split(False)
+        except PipeError as exc:  # a leaf went away under the resize: its reopen applies the size
+            log.debug("daemon.window.resize_failed", extra={"error": repr(exc)})
+
+    async def _handle(self, worker: Worker, delivery: Delivery[TaskMessage]) -> None:
+        task = delivery.message
+        with bind(task_id=task.task_id):
+            self.stats.waiting += 1
+            try:
+                log.debug(
+                    "daemon.task.received",
+                    extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
+                )
+                admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
+                if admission.verdict is Verdict.GIVE_UP:
+                    await self._give_up(delivery, task, admission.spent, admission.error)
+                    return
+                taken_away = self._now or (worker.leaving and self.settings.immediate)
+                if admission.verdict is Verdict.RECOUNT or taken_away:
+                    # Recount (classic queue: a death to write into the task), or this worker is
+                    # being taken away right now: back to the queue, nothing spent by us.
+                    reason = "recount" if admission.verdict is Verdict.RECOUNT else "released"
+                    await self._requeue(delivery, _with(task, admission.spent), reason)
+                    return
+            finally:
+                self.stats.waiting -= 1
+            await self._run(worker, delivery, task, admission.spent)
+
+    async def _run(
+        self, worker: Worker, delivery: Delivery[TaskMessage], task: TaskMessage, spent: int
+    ) -> None:
+        attempt = spent + 1
+        limits = Limits(self.settings.task_timeout, self.policy.memory_hard)
+        worker.busy, worker.started_at = True, time.monotonic()
+        worker.interrupt.clear()
+        self.stats.busy += 1
+        log.debug("daemon.task.started", extra={"attempt": attempt, "pid": worker.slot.pid})
+        try:
+            end = await run_attempt(
+                worker.slot, self.handler, task.task_id, task.payload, limits, worker.interrupt
+            )
+        finally:
+            worker.busy = False
+            self.stats.busy -= 1
+        if end.ending is Ending.REPLIED:
+            await self._complete(delivery, task, end, attempt)
+            await self._maybe_recycle(worker.slot)
+        elif end.ending is Ending.INTERRUPTED:
+            self.stats.preempted += 1
+            await self._requeue(delivery, _with(task, spent), "preempted")
+            log.info("daemon.task.preempted", extra={"attempt": attempt, "seconds": round(end.seconds, 3)})
         else:
-            self.stats.failed += 1
-        await _settle(delivery.ack())
-        log.debug("daemon.task.acked", extra={"ok": ok})
+            await self._failed(delivery, task, end, spent)
 
-    async def close(self) -> None:
-        """Stops the workers (after their current task) and closes the pipes."""
-        self._closing = True
-        if self._workers:
-            await asyncio.gather(*self._workers, return_exceptions=True)
-        if self._settling:
-            await asyncio.gather(*self._settling, return_exceptions=True)
+    async def _complete(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, attempt: int
+    ) -> None:
+        reply = end.reply
+        assert reply is not None
+        self.stats.ran(end.seconds)
+        log.debug("daemon.task.finished", extra={"ok": reply.ok, "seconds": round(end.seconds, 6)})
+        result = ResultMessage(
+            task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt
+        )
+        await self.ends.complete(delivery, result)
+
+    async def _failed(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, spent: int
+    ) -> None:
+        """The attempt ended without an outcome (timeout, memory, crash): requeue or give up."""
+        assert end.error is not None
+        gives_up, spent = after_failure(spent, self.settings.max_attempts)
+        fields = {"attempt": spent, "seconds": round(end.seconds, 3), "error": end.error.message}
+        if end.ending is Ending.TIMED_OUT:
+            self.stats.timed_out += 1
+            log.info("daemon.task.timed_out", extra=fields)
+        elif end.ending is Ending.OUT_OF_MEMORY:
+            log.info("daemon.task.out_of_memory", extra=fields)
+        else:
+            log.warning("daemon.task.slot_died", extra=fields)
+        if gives_up:
+            await self._give_up(delivery, task, spent, end.error)
+        else:
+            await self._requeue(delivery, _with(task, spent), end.ending.value)
+
+    async def _give_up(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, spent: int, error: ErrorInfo | None
+    ) -> None:
+        error = error or LOST
+        await self.ends.give_up(delivery, _with(task, spent), spent, error)
+        log.info("daemon.task.gave_up", extra={"attempts": spent, "error": f"{error.type}: {error.message}"})
+
+    async def _maybe_recycle(self, slot: SlotProcess) -> None:
+        """Replaces the slot's process after too many tasks or over the soft memory limit."""
+        reason = None
+        if self.policy.max_tasks and slot.tasks_run >= self.policy.max_tasks:
+            reason = {"reason": "max_tasks", "tasks": slot.tasks_run}
+        elif self.policy.memory_soft:
+            used = slot.private_memory()
+            if used is not None and used > self.policy.memory_soft:
+                reason = {"reason": "memory", "private_mib": round(used / MIB, 1)}
+        if reason is None:
+            return
+        log.info("daemon.slot.recycled", extra={**reason, "pid": slot.pid})
+        await slot.stop()
+        await slot.start()
+
+    async def _hand_back_unstarted(self) -> None:
+        """Stops consuming and puts back, unspent, what was delivered but never started."""
+        tasks = self.pipes.tasks
+        if not isinstance(tasks, StopsConsuming):
+            return  # closing the listener returns them to the broker (see StopsConsuming)
+        await self._stop_taking()
         with contextlib.suppress(PipeError):
-            await self.tasks.close()
-        with contextlib.suppress(PipeError):
-            await self.results.close()
+            while (delivery := await tasks.get(0.0)) is not None:
+                task = delivery.message
+                admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
+                if admission.verdict is Verdict.GIVE_UP:
+                    await self._give_up(delivery, task, admission.spent, admission.error)
+                else:
+                    await self._requeue(delivery, _with(task, admission.spent), "released")
 
 
-async def _settle(action: Awaitable[None]) -> None:
-    """Acks/rejects; a dead channel means the broker has already requeued the task."""
-    try:
-        await action
-    except PipeError as exc:
-        log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})
+def _with(task: TaskMessage, attempts: int) -> TaskMessage:
+    return task if task.attempts == attempts else dataclasses.replace(task, attempts=attempts)

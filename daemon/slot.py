@@ -21,6 +21,7 @@ from typing import BinaryIO, Final
 import msgpack
 
 HEADER: Final = struct.Struct(">I")
+PR_SET_PDEATHSIG: Final = 1
 
 
 class HandlerImportError(Exception):
@@ -74,9 +75,28 @@ def run_one(
         return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
 
 
+def die_with_parent() -> None:
+    """Asks Linux to SIGKILL this slot when its daemon dies, even by kill -9.
+
+    Otherwise an orphaned slot would compute on until its task ends (it only notices the daemon
+    is gone at the next read), and the broker has redelivered that task elsewhere already.
+    """
+    parent = os.getppid()
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the EOF on stdin still stops it, later
+        return
+    if os.getppid() != parent:  # the daemon died before the request took effect
+        os._exit(0)
+
+
 def main() -> int:
     # The daemon decides when a slot stops; Ctrl-C on a terminal must not fail a running task.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent()
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the handler's prints go to stderr
     sys.stdout = sys.stderr

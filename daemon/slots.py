@@ -1,8 +1,9 @@
-"""Slot subprocesses, seen from the daemon: start, run one task, notice death, kill.
+"""Slot subprocesses, seen from the daemon: start, run one task, notice death, kill, measure.
 
 A slot is a ``python -m truba.daemon.slot`` child speaking length-prefixed msgpack frames over
 its stdin/stdout (see :mod:`truba.daemon.slot`). The process boundary protects the daemon from
-the handler's crashes, leaks and hangs.
+the handler's crashes, leaks and hangs: a task that must stop *now* (timeout, memory limit,
+preemption) is stopped by killing its slot, which is then started afresh.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import final
 
 import msgpack
 
+from truba.daemon.memory import private_bytes
 from truba.daemon.slot import HEADER
 from truba.wire import ErrorInfo
 
@@ -69,6 +71,7 @@ class SlotProcess:
         self.index = index
         self._process: asyncio.subprocess.Process | None = None
         self.tasks_run = 0
+        """Tasks this process has answered (reset when the process is replaced)."""
 
     @property
     def pid(self) -> int | None:
@@ -79,7 +82,9 @@ class SlotProcess:
         return self._process is not None and self._process.returncode is None
 
     async def start(self) -> None:
+        """Starts a fresh process (returns once it is spawned, not once Python is up)."""
         _use_pidfd_child_watcher()
+        self.tasks_run = 0
         self._process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
@@ -91,7 +96,10 @@ class SlotProcess:
         log.info("daemon.slot.started", extra={"slot": self.index, "pid": self._process.pid})
 
     async def run(self, handler: str, task_id: str, payload: object) -> SlotReply:
-        """Runs one task; raises SlotDied if the process exits first (it is then restarted)."""
+        """Runs one task; raises SlotDied if the process exits first (it starts afresh next time).
+
+        Cancelling ``run`` kills the process: a slot in the middle of a task cannot be reused.
+        """
         if not self.alive:
             await self.start()
         process = self._process
@@ -106,12 +114,30 @@ class SlotProcess:
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
             code = await self._reap()
             raise SlotDied(f"slot {self.index} exited with {code} while running task {task_id}") from exc
+        except asyncio.CancelledError:
+            await asyncio.shield(self.kill())
+            raise
         self.tasks_run += 1
         reply_task_id, ok, value, seconds = msgpack.unpackb(body, raw=False, strict_map_key=False)
         if ok:
             return SlotReply(reply_task_id, True, value, None, seconds)
         error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
         return SlotReply(reply_task_id, False, None, error, seconds)
+
+    def private_memory(self) -> int | None:
+        """Bytes the process holds privately (USS), None if it is not running."""
+        pid = self.pid
+        return private_bytes(pid) if pid is not None and self.alive else None
+
+    async def kill(self) -> None:
+        """SIGKILL now and reap; idempotent. The next ``run`` (or ``start``) starts afresh."""
+        process = self._process
+        if process is None or process.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        await process.wait()
+        log.debug("daemon.slot.killed", extra={"slot": self.index, "pid": process.pid})
 
     async def _reap(self) -> int | None:
         if self._process is None:

@@ -250,7 +250,7 @@ class BalanceSender(Generic[T]):
             return
         self._failures[index] += 1
         self._errors[index] = exc
-        pause = min(self._max_cooldown, self._cooldown * 2 ** (self._failures[index] - 1))
+        pause = min(self._max_cooldown, self._cooldown * 2 ** min(self._failures[index] - 1, 32))
         self._down_until[index] = now + pause
         stranded = [(seq, e) for seq, e in self._entries.items() if e.index == index and not e.outer.done()]
         log.warning(

@@ -105,6 +105,18 @@ class Listener(Protocol[T_co]):
         """
         ...
 
+    async def cancel(self) -> None:
+        """Stops new deliveries, keeping those already received gettable and settleable.
+
+        After it returns (bounded, like every wait), no delivery arrives any more; ``get`` hands
+        out what was received before, then returns None at once. Their owner can so put them
+        back *without* the broker marking them redelivered (publish again, then ack), which
+        ``close()`` cannot do: settling on a consuming channel frees prefetch room that the
+        broker fills again at once. Idempotent; a no-op on a broken transport (the broker has
+        already requeued that channel's deliveries).
+        """
+        ...
+
     async def close(self) -> None:
         """Stops consuming; unsettled deliveries go back to the broker; idempotent."""
         ...

@@ -59,6 +59,11 @@ class SendTimeout(PipeError, TimeoutError):
 class MessageRejected(PipeError):
     """The broker nacked or returned (unroutable) a message; it is still ours to send again."""
 
+    def __init__(self, message: str, *, unroutable: bool = False) -> None:
+        super().__init__(message)
+        self.unroutable = unroutable
+        """Returned because no queue took it (the queue is missing), rather than nacked."""
+
 
 class MessageTooLarge(PipeError):
     """A message exceeds the configured size limit; refused before anything was sent."""

@@ -43,6 +43,7 @@ class MergeListener(Generic[T]):
         self._failing: dict[int, PipeError] = {}
         self._pumps = [asyncio.create_task(self._pump(listener)) for listener in self._listeners]
         self._calls: set[asyncio.Task[None]] = set()
+        self._cancelled = False
 
     name = "merge"
 
@@ -95,9 +96,34 @@ class MergeListener(Generic[T]):
             with contextlib.suppress(PipeError):
                 await delivery.reject(requeue=True)
 
+    async def cancel(self) -> None:
+        """Cancels every inner listener, stops the pumps, then takes what the inners still hold."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        await asyncio.gather(*(listener.cancel() for listener in self._listeners), return_exceptions=True)
+        for pump in self._pumps:
+            pump.cancel()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+        for listener in self._listeners:
+            while True:
+                try:
+                    delivery = await listener.get(0.0)
+                except PipeError:
+                    break
+                if delivery is None:
+                    break
+                self._queue.put_nowait(delivery)
+
     async def get(self, timeout: float) -> Delivery[T] | None:
         if self._closed:
             raise PipeClosed("merged listener is closed")
+        if self._cancelled:
+            while not self._queue.empty():
+                item = self._queue.get_nowait()
+                if item is not None:
+                    return item
+            return None
         failing = self._all_failing()
         if failing is not None and self._queue.empty():
             raise failing

@@ -92,13 +92,23 @@ class ReopenListener(Generic[T]):
         self._pump: asyncio.Task[None] | None = None
         self._connected = asyncio.Event()
         self._lock = asyncio.Lock()
+        self._cancelled = False
 
     async def _open(self) -> Listener[T]:
         return await connect_within(self._connect, self._connect_timeout, self.label)
 
+    async def cancel(self) -> None:
+        """Stops new deliveries and any reopening; a connected inner listener is cancelled."""
+        self._cancelled = True
+        if self.state is State.CONNECTED and self.inner is not None:
+            with contextlib.suppress(PipeError):
+                await self.inner.cancel()
+
     async def get(self, timeout: float) -> Delivery[T] | None:
         if self.state is State.CLOSED:
             raise PipeClosed(f"{self.label}: listener is closed")
+        if self._cancelled and (self.state is not State.CONNECTED or self.inner is None):
+            return None  # never opened, or broken: nothing is held here
         if self.state is State.IDLE:
             async with self._lock:
                 if self.state is State.IDLE:
@@ -144,7 +154,8 @@ class ReopenListener(Generic[T]):
         self.state = State.BROKEN
         self._connected.clear()
         log.warning("pipe.reopen.broken", extra={"pipe": self.label, "error": f"{type(exc).__name__}: {exc}"})
-        self._reopener = asyncio.create_task(self._reopen())
+        if not self._cancelled:
+            self._reopener = asyncio.create_task(self._reopen())
 
     async def _reopen(self) -> None:
         dead = self.inner

@@ -105,6 +105,9 @@ class RetryListener(Generic[T]):
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         self.inner.subscribe(callback)
 
+    async def cancel(self) -> None:
+        await self.inner.cancel()
+
     async def close(self) -> None:
         await self.inner.close()
 

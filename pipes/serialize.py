@@ -19,7 +19,7 @@ from typing import Generic, TypeVar
 import msgpack
 
 from truba.pipes.base import Codec, Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
-from truba.pipes.errors import CodecError, PipeError
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -30,13 +30,22 @@ class SerializeSender(Generic[T]):
     """Encodes each message with ``codec`` before handing it to a ``Sender[bytes]``.
 
     ``unconfirmed()`` answers in ``T`` by decoding the inner sender's bytes (codecs are reversible).
+    An encoded message longer than ``max_size`` bytes is refused with MessageTooLarge before
+    anything is sent (brokers refuse large messages by closing the channel, which would break
+    the pipe for every other message on it).
     """
 
     inner: Sender[bytes]
     codec: Codec[T]
+    max_size: int | None = None
 
     async def send(self, message: T) -> Confirmation:
-        return await self.inner.send(self.codec.encode(message))
+        data = self.codec.encode(message)
+        if self.max_size is not None and len(data) > self.max_size:
+            raise MessageTooLarge(
+                f"message of {len(data):,} bytes encoded is over the limit of {self.max_size:,} bytes"
+            )
+        return await self.inner.send(data)
 
     def unconfirmed(self) -> Sequence[T]:
         return [self.codec.decode(data) for data in self.inner.unconfirmed()]
@@ -48,9 +57,9 @@ class SerializeSender(Generic[T]):
         await self.inner.close()
 
 
-def serialize(codec: Codec[T]) -> Layer[bytes, T]:
-    """The serialize layer: ``Sender[bytes] -> Sender[T]``."""
-    return lambda inner: SerializeSender(inner, codec)
+def serialize(codec: Codec[T], max_size: int | None = None) -> Layer[bytes, T]:
+    """The serialize layer: ``Sender[bytes] -> Sender[T]``, refusing messages over ``max_size`` bytes."""
+    return lambda inner: SerializeSender(inner, codec, max_size)
 
 
 @dataclass
@@ -132,6 +141,9 @@ class DeserializeListener(Generic[T]):
                 await callback(decoded)
 
         self.inner.subscribe(decode_then_call)
+
+    async def cancel(self) -> None:
+        await self.inner.cancel()
 
     async def close(self) -> None:
         await self.inner.close()

@@ -27,7 +27,7 @@ from truba.pipes.log import log_errors, log_listener
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import RabbitBroker, RabbitListener, RabbitSender
+from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
 from truba.pipes.retry import Backoff, retry, retry_listener
@@ -36,20 +36,25 @@ from truba.pipes.serialize import deserialize, serialize
 T = TypeVar("T")
 
 UNTIL_SUCCESS = Backoff(attempts=None, base=0.05, cap=5.0)
+DEFAULT_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
+"""16 MiB: well under RabbitMQ's max_message_size (128 MiB by default), and big messages stall
+every other message on the same connection; pass large data by reference."""
 
 
 @dataclass(frozen=True)
 class SendOptions:
-    """Knobs of a sending stack. ``max_unconfirmed`` caps each broker's unconfirmed messages."""
+    """Knobs of a sending stack. ``max_unconfirmed`` caps each broker's unconfirmed messages;
+    ``max_message_size`` (bytes, encoded) is refused before sending."""
 
     confirm_timeout: float = 30.0
+    max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
     max_unconfirmed: int = 1000
     connect_timeout: float = 10.0
     retry: Backoff = field(default=UNTIL_SUCCESS)
 
 
 def _sender_connector(
-    broker: RabbitBroker, queue: str, options: SendOptions
+    broker: RabbitBroker, queue: str | QueueSpec, options: SendOptions
 ) -> Callable[[], Awaitable[RabbitSender]]:
     async def connect() -> RabbitSender:
         return await broker.sender(
@@ -60,10 +65,10 @@ def _sender_connector(
 
 
 def _listener_connector(
-    broker: RabbitBroker, queue: str, window: Window
+    broker: RabbitBroker, queue: str | QueueSpec, window: Window
 ) -> Callable[[], Awaitable[RabbitListener]]:
     async def connect() -> RabbitListener:
-        leaf = await broker.listener(queue, prefetch=window.size)
+        leaf = await broker.listener(queue, prefetch=window.leaf_size)
         window.watch(leaf.set_prefetch)
         return leaf
 
@@ -73,7 +78,7 @@ def _listener_connector(
 def send_stack(
     codec: Codec[T],
     brokers: Sequence[RabbitBroker],
-    queue: str,
+    queue: str | QueueSpec,
     *,
     role: str = "send",
     spool: Layer[bytes, bytes] | None = None,
@@ -82,18 +87,20 @@ def send_stack(
     """``serialize → [spool] → retry → log → balance[reopen → rabbit, ...]`` publishing to ``queue``.
 
     The daemon's result sender is this stack without a spool; the client's task sender has one.
+    Given a :class:`QueueSpec`, every (re)connect declares the queue first.
     """
     opts = options or SendOptions()
+    name = _name(queue)
     leaves: list[Sender[bytes]] = [
         ReopenSender(
             _sender_connector(broker, queue, opts),
-            label=f"{queue}@{broker.name}",
+            label=f"{name}@{broker.name}",
             connect_timeout=opts.connect_timeout,
         )
         for broker in brokers
     ]
     start: Pipeline[T, T] = Pipeline(lambda sender: sender)
-    encoded = start.layer(serialize(codec))
+    encoded = start.layer(serialize(codec, opts.max_message_size))
     spooled = encoded.layer(spool) if spool is not None else encoded
     retried: Pipeline[T, bytes] = spooled.layer(retry(opts.retry))
     logged: Pipeline[T, bytes] = retried.layer(log_errors(role))
@@ -105,22 +112,25 @@ def send_stack(
 def listen_stack(
     codec: Codec[T],
     brokers: Sequence[RabbitBroker],
-    queue: str,
+    queue: str | QueueSpec,
     window: Window,
     *,
     role: str = "listen",
     connect_timeout: float = 10.0,
-    dead_letter_queue: str | None = None,
+    dead_letter_queue: str | QueueSpec | None = None,
 ) -> Listener[T]:
     """``deserialize → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
     The daemon's task listener and the client's result listener are this stack. With
     ``dead_letter_queue``, a message that cannot be decoded is published there with its error.
+    Given a :class:`QueueSpec`, every (re)connect declares the queue (else it must exist).
+    The window's total is spread over the brokers' leaves when it is split (see :class:`Window`).
     """
+    window.leaves = len(brokers)
     leaves: list[Listener[bytes]] = [
         ReopenListener(
             _listener_connector(broker, queue, window),
-            label=f"{queue}@{broker.name}",
+            label=f"{_name(queue)}@{broker.name}",
             connect_timeout=connect_timeout,
         )
         for broker in brokers
@@ -135,13 +145,17 @@ def listen_stack(
     return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))
 
 
+def _name(queue: str | QueueSpec) -> str:
+    return queue.name if isinstance(queue, QueueSpec) else queue
+
+
 def _bytes_sender(
-    brokers: Sequence[RabbitBroker], queue: str, options: SendOptions, connect_timeout: float
+    brokers: Sequence[RabbitBroker], queue: str | QueueSpec, options: SendOptions, connect_timeout: float
 ) -> Sender[bytes]:
     leaves: list[Sender[bytes]] = [
         ReopenSender(
             _sender_connector(broker, queue, options),
-            label=f"{queue}@{broker.name}",
+            label=f"{_name(queue)}@{broker.name}",
             connect_timeout=connect_timeout,
         )
         for broker in brokers

@@ -126,7 +126,9 @@ class FakeListener(Generic[T]):
     def __init__(self) -> None:
         self.acked: list[T] = []
         self.rejected: list[tuple[T, bool]] = []
+        self.held_back: list[T] = []
         self.closed = False
+        self.cancelled = False
         self.broken: PipeError | None = None
         self._queue: asyncio.Queue[FakeDelivery[T] | object] = asyncio.Queue()
         self._callback: Callable[[Delivery[T]], Awaitable[None]] | None = None
@@ -135,7 +137,10 @@ class FakeListener(Generic[T]):
     def push(
         self, message: T, *, redelivered: bool = False, headers: Mapping[str, object] | None = None
     ) -> None:
-        """Delivers ``message`` as if a broker sent it."""
+        """Delivers ``message`` as if a broker sent it; once cancelled it stays in ``held_back``."""
+        if self.cancelled:
+            self.held_back.append(message)
+            return
         delivery = FakeDelivery(message, self, redelivered, dict(headers or {}))
         if self._callback is not None:
             task = asyncio.get_running_loop().create_task(_call(self._callback, delivery))
@@ -149,11 +154,17 @@ class FakeListener(Generic[T]):
         self.broken = error or PipeBroken("fake listener closed by the remote side")
         self._queue.put_nowait(_WAKE)
 
+    async def cancel(self) -> None:
+        """Stops new deliveries; what was pushed before stays gettable."""
+        self.cancelled = True
+
     async def get(self, timeout: float) -> Delivery[T] | None:
         if self.closed:
             raise PipeClosed("fake listener is closed")
         if self.broken is not None and self._queue.empty():
             raise self.broken
+        if self.cancelled:
+            timeout = 0.0
         try:
             async with asyncio.timeout(timeout):
                 item = await self._queue.get()

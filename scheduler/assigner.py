@@ -23,14 +23,18 @@ import grpc
 from truba.proto.v1 import daemons_pb2
 from truba.scheduler.allow import allowed
 from truba.scheduler.convert import assignment_pb
-from truba.scheduler.errors import FailedPrecondition
-from truba.scheduler.model import Job
-from truba.scheduler.planner import Assignment, job_totals, plan
+from truba.scheduler.counters import DaemonJobStats, JobCounters
+from truba.scheduler.errors import FailedPrecondition, NotFound
+from truba.scheduler.events import EventKind, JobEvents
+from truba.scheduler.model import Job, JobState
+from truba.scheduler.planner import Assignment, Capacity, JobSpec, Policy, gains, job_totals, plan
 from truba.scheduler.registry import DaemonRegistry, DaemonSession
 
 log = logging.getLogger(__name__)
 
 MISSED_HEARTBEATS: Final = 3
+REPLAN_DELAY: Final = 0.1
+"""Seconds a demand change may wait for the next plan (coalescing reports)."""
 
 
 @final
@@ -51,11 +55,21 @@ class Assigner:
         jobs: Callable[[], Sequence[Job]],
         *,
         heartbeat_interval: float,
+        counters: JobCounters | None = None,
+        events: JobEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
         first_version: int | None = None,
+        policy: Policy | None = None,
     ) -> None:
+        self._policy = policy or Policy()
         self._registry = registry
         self._jobs = jobs
+        self._counters = counters or JobCounters()
+        self._events = events or JobEvents()
+        self._given_at: dict[tuple[str, str], float] = {}
+        """(daemon id, job id) -> when the job last gained a slot there (for the planner's hold)."""
+        self._targets: dict[str, float] = {}
+        self._soon: asyncio.TimerHandle | None = None
         self.heartbeat_interval = heartbeat_interval
         self._clock = clock
         self._version = int(time.time() * 1000) if first_version is None else first_version
@@ -85,13 +99,62 @@ class Assigner:
         """Forgets ``session`` unless a newer one replaced it, and replans."""
         if self._registry.remove(session):
             log.info("sched.daemon.lost", extra={"daemon_id": session.daemon_id, "reason": reason})
+            self._lost(session)
             self.replan()
 
+    def _lost(self, session: DaemonSession) -> None:
+        for job_id in self._counters.daemon_lost(session.daemon_id):
+            self._events.publish(job_id, EventKind.PROGRESS)
+
+    def sessions(self) -> list[DaemonSession]:
+        """The connected daemons' sessions."""
+        return list(self._registry)
+
+    def drain(self, daemon_id: str) -> DaemonSession:
+        """Tells a daemon to finish what it runs and take nothing new; its slots go elsewhere.
+
+        Raises:
+            NotFound: no daemon with that id is connected.
+        """
+        session = self._registry.get(daemon_id)
+        if session is None:
+            raise NotFound(f"daemon {daemon_id!r} is not connected")
+        if not session.draining:
+            session.draining = True
+            session.send(daemons_pb2.SchedulerMessage(drain=daemons_pb2.Drain()))
+            log.info("sched.daemon.drain", extra={"daemon_id": daemon_id, "running": session.held})
+            self.replan()
+        return session
+
     def heartbeat(self, session: DaemonSession, heartbeat: daemons_pb2.Heartbeat) -> None:
-        """Notes a heartbeat; sends the assignment again if the daemon has not applied it."""
+        """Notes a heartbeat and its counters; sends the assignment again if the daemon has not
+        applied it."""
         now = self._clock()
         session.last_seen = now
         session.applied_version = heartbeat.applied_version
+        session.stats = list(heartbeat.stats)
+        changed = self._counters.daemon_report(
+            session.daemon_id,
+            (
+                DaemonJobStats(
+                    job_id=s.job_id,
+                    done=s.done,
+                    failed=s.failed,
+                    busy=s.busy_slots,
+                    waiting=s.waiting,
+                    service_time=s.service_time,
+                )
+                for s in heartbeat.stats
+            ),
+        )
+        for job_id in changed:
+            self._events.publish(job_id, EventKind.PROGRESS)
+        if heartbeat.draining and not session.draining:
+            session.draining = True
+            log.info("sched.daemon.draining", extra={"daemon_id": session.daemon_id})
+            self.replan()
+        elif changed:
+            self.replan_soon()
         stale = session.version and heartbeat.applied_version != session.version
         if stale and now - session.sent_at >= 2 * self.heartbeat_interval:
             log.info(
@@ -114,6 +177,7 @@ class Assigner:
             log.warning(
                 "sched.daemon.lost", extra={"daemon_id": session.daemon_id, "reason": "missed heartbeats"}
             )
+            self._lost(session)
         if lost:
             self.replan()
 
@@ -125,13 +189,45 @@ class Assigner:
 
     # -- planning ------------------------------------------------------------------------------
 
+    def replan_soon(self) -> None:
+        """Replans within :data:`REPLAN_DELAY` seconds; calls in between are coalesced (demand
+        changes with every report, the plan need not follow each one)."""
+        if self._soon is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a synchronous test): the next event replans
+                return
+            self._soon = loop.call_later(REPLAN_DELAY, self.replan)
+
     def replan(self) -> None:
         """Plans again and pushes a new assignment to every daemon whose share changed."""
+        if self._soon is not None:
+            self._soon.cancel()
+            self._soon = None
         jobs = {job.id: job for job in self._jobs() if job.runnable}
         sessions = list(self._registry)
         current = {s.daemon_id: s.held for s in sessions}
-        self._plan = plan((s.info.capacity for s in sessions), jobs.values(), current)
-        self._totals = job_totals(self._plan)
+        now = self._clock()
+        capacities = [
+            s.info.capacity if not s.draining else Capacity(s.daemon_id, 0, s.info.allow) for s in sessions
+        ]
+        result = plan(
+            capacities,
+            [self._spec(job) for job in jobs.values()],
+            current,
+            now=now,
+            given_at=self._given_at,
+            policy=self._policy,
+        )
+        for pair in gains(current, result.assignment):
+            self._given_at[pair] = now
+        self._plan = result.assignment
+        self._targets = result.targets
+        totals = job_totals(self._plan)
+        for job_id in set(totals) | set(self._totals):
+            if totals.get(job_id, 0) != self._totals.get(job_id, 0):
+                self._events.publish(job_id, EventKind.SLOTS)
+        self._totals = totals
         for session in sessions:
             share = self._plan[session.daemon_id]
             if session.version == 0 or share != session.held:
@@ -141,6 +237,23 @@ class Assigner:
                     extra={"daemon_id": session.daemon_id, "version": self._version, "jobs": share},
                 )
                 self._push(session, share, self._version, jobs)
+        live = {s.daemon_id for s in sessions}
+        self._given_at = {k: t for k, t in self._given_at.items() if k[0] in live and k[1] in jobs}
+        if not result.settled:
+            self.replan_soon()
+
+    def _spec(self, job: Job) -> JobSpec:
+        closed = job.submitted if job.state is JobState.CLOSED else None
+        settings = job.settings
+        return JobSpec(
+            id=job.id,
+            handler=job.handler,
+            importance=job.importance,
+            created_at=job.created_at,
+            min_slots=settings.min_slots,
+            max_slots=settings.max_slots,
+            demand=self._counters.demand(job.id, closed_submitted=closed),
+        )
 
     def _push(
         self, session: DaemonSession, share: dict[str, int], version: int, jobs: dict[str, Job] | None = None
@@ -157,6 +270,10 @@ class Assigner:
     def slots_of(self, job_id: str) -> int:
         """Slots the job holds now, over all daemons."""
         return self._totals.get(job_id, 0)
+
+    def fair_share_of(self, job_id: str) -> float:
+        """Slots the job should hold by weighted fair share (fractional; 0 if not runnable)."""
+        return self._targets.get(job_id, 0.0)
 
     @property
     def daemon_count(self) -> int:

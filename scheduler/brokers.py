@@ -58,15 +58,6 @@ class BrokerInfo:
         return f"broker {self.name} ({redact(self.url)})"
 
 
-def queue_specs(queues: JobQueues) -> tuple[QueueSpec, ...]:
-    """A job's queues: quorum tasks and results dead-lettering into a classic dead queue."""
-    return (
-        QueueSpec(queues.dead, kind="classic"),
-        QueueSpec(queues.tasks, kind="quorum", dead_letter_to=queues.dead),
-        QueueSpec(queues.results, kind="quorum", dead_letter_to=queues.dead),
-    )
-
-
 @final
 class Broker:
     """One broker and the scheduler's admin connection to it.
@@ -113,7 +104,7 @@ class Broker:
         """Declares the job's three queues (idempotent)."""
 
         async def declare_all(connection: AdminConnection) -> None:
-            for spec in queue_specs(queues):
+            for spec in queues.specs():
                 await connection.declare(spec)
 
         await self._run(f"declare {queues.tasks}", declare_all)

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 from truba import logs
+from truba.channel import TOKEN_ENV
+from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,27 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="S",
         help="seconds between daemon heartbeats; 3 missed ones drop a daemon (default: 2)",
     )
+    parser.add_argument(
+        "--consumer-timeout",
+        type=float,
+        default=DEFAULT_CONSUMER_TIMEOUT,
+        metavar="S",
+        help="the brokers' consumer_timeout in seconds; jobs with a longer task timeout are refused"
+        f" (default: {DEFAULT_CONSUMER_TIMEOUT:g}, RabbitMQ's)",
+    )
+    parser.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help=f"require this bearer token (first line of FILE) on every call; default: ${TOKEN_ENV} if set",
+    )
+    parser.add_argument(
+        "--tls-cert", type=Path, default=None, metavar="PEM", help="serve TLS with this certificate"
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, default=None, metavar="PEM", help="the certificate's private key"
+    )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--log-format", default="json", choices=["json", "text"])
     parser.set_defaults(func=main)
@@ -78,12 +101,27 @@ def main(args: argparse.Namespace) -> int:
             state_dir=args.state or default_state_dir(),
             listen=args.listen,
             heartbeat_interval=args.heartbeat_interval,
+            consumer_timeout=args.consumer_timeout,
+            token=_token(args.token_file),
+            tls_cert=args.tls_cert,
+            tls_key=args.tls_key,
         )
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         log.error("sched.bad_args", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve(config))
+
+
+def _token(path: Path | None) -> str | None:
+    """The token from ``path`` (first line), else ``$TRUBA_TOKEN``; a token never goes on argv,
+    where every user of the machine could read it."""
+    if path is not None:
+        lines = path.read_text().splitlines()
+        if not lines or not lines[0].strip():
+            raise ValueError(f"--token-file {path}: the first line must hold the token")
+        return lines[0].strip()
+    return os.environ.get(TOKEN_ENV) or None
 
 
 async def _serve(config: SchedulerConfig) -> int:

@@ -7,7 +7,8 @@ from typing import Final
 
 from truba.proto.v1 import common_pb2, daemons_pb2, jobs_pb2
 from truba.scheduler.brokers import BrokerInfo
-from truba.scheduler.model import Job, JobQueues, JobState
+from truba.scheduler.counters import Counts
+from truba.scheduler.model import Job, JobQueues, JobSettings, JobState, Preemption, QueueType
 
 _STATES: Final = {
     JobState.OPEN: jobs_pb2.JOB_STATE_OPEN,
@@ -18,6 +19,7 @@ _STATES: Final = {
 
 
 def queues_pb(queues: JobQueues) -> common_pb2.JobQueues:
+    """The names only: a queue's type travels in the job's settings."""
     return common_pb2.JobQueues(tasks=queues.tasks, results=queues.results, dead=queues.dead)
 
 
@@ -25,9 +27,46 @@ def brokers_pb(brokers: Iterable[BrokerInfo]) -> list[common_pb2.Broker]:
     return [common_pb2.Broker(url=b.url, name=b.name) for b in brokers]
 
 
-def job_pb(job: Job, *, assigned_slots: int, problem: str) -> jobs_pb2.Job:
+_PREEMPTION: Final = {
+    Preemption.GRACEFUL: common_pb2.PREEMPTION_GRACEFUL,
+    Preemption.IMMEDIATE: common_pb2.PREEMPTION_IMMEDIATE,
+}
+_QUEUE_TYPE: Final = {
+    QueueType.QUORUM: common_pb2.QUEUE_TYPE_QUORUM,
+    QueueType.CLASSIC: common_pb2.QUEUE_TYPE_CLASSIC,
+}
+
+
+def settings_pb(settings: JobSettings) -> common_pb2.JobSettings:
+    return common_pb2.JobSettings(
+        min_slots=settings.min_slots,
+        max_slots=settings.max_slots,
+        preemption=_PREEMPTION[settings.preemption],
+        task_timeout=settings.task_timeout,
+        max_attempts=settings.max_attempts,
+        queue_type=_QUEUE_TYPE[settings.queue_type],
+    )
+
+
+def counts_pb(counts: Counts) -> jobs_pb2.JobCounts:
+    return jobs_pb2.JobCounts(
+        submitted=counts.submitted,
+        done=counts.done,
+        failed=counts.failed,
+        running=counts.running,
+        backlog=counts.backlog,
+        service_time=counts.service_time,
+    )
+
+
+def job_pb(
+    job: Job, *, assigned_slots: int, problem: str, counts: Counts | None = None, fair_share: float = 0.0
+) -> jobs_pb2.Job:
     """``job`` as the API shows it; ``problem`` is used when the job has no stored problem."""
     return jobs_pb2.Job(
+        settings=settings_pb(job.settings),
+        counts=counts_pb(counts) if counts is not None else None,
+        fair_share=fair_share,
         id=job.id,
         name=job.name,
         handler=job.handler,
@@ -54,6 +93,7 @@ def assignment_pb(version: int, slots: dict[str, int], jobs: dict[str, Job]) -> 
                     handler=jobs[job_id].handler,
                     slots=n,
                     queues=queues_pb(jobs[job_id].queues),
+                    settings=settings_pb(jobs[job_id].settings),
                 )
                 for job_id, n in slots.items()
             ],

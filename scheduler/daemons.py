@@ -78,6 +78,42 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         if code is not grpc.StatusCode.OK:
             await context.abort(code, details)
 
+    async def ListDaemons(
+        self,
+        request: daemons_pb2.ListDaemonsRequest,
+        context: grpc.aio.ServicerContext[daemons_pb2.ListDaemonsRequest, daemons_pb2.ListDaemonsResponse],
+    ) -> daemons_pb2.ListDaemonsResponse:
+        sessions = sorted(self._assigner.sessions(), key=lambda s: s.daemon_id)
+        return daemons_pb2.ListDaemonsResponse(daemons=[self._info_pb(s) for s in sessions])
+
+    async def DrainDaemon(
+        self,
+        request: daemons_pb2.DrainDaemonRequest,
+        context: grpc.aio.ServicerContext[daemons_pb2.DrainDaemonRequest, daemons_pb2.DaemonInfo],
+    ) -> daemons_pb2.DaemonInfo:
+        try:
+            session = self._assigner.drain(check_daemon_id(request.daemon_id))
+        except SchedulerError as exc:
+            log.info("sched.request.refused", extra={"method": "DrainDaemon", "details": str(exc)})
+            await context.abort(exc.code, str(exc))
+        return self._info_pb(session)
+
+    def _info_pb(self, session: DaemonSession) -> daemons_pb2.DaemonInfo:
+        info = session.info
+        age = self._clock() - session.last_seen
+        return daemons_pb2.DaemonInfo(
+            daemon_id=info.daemon_id,
+            hostname=info.hostname,
+            pid=info.pid,
+            slots=info.slots,
+            allow=info.allow,
+            version=info.version,
+            assigned=[daemons_pb2.JobSlots(job_id=j, slots=n) for j, n in session.held.items()],
+            stats=session.stats,
+            draining=session.draining,
+            last_seen=time.time() - age,
+        )
+
     async def _hello(self, requests: AsyncIterator[daemons_pb2.DaemonMessage]) -> DaemonSession:
         timeout = MISSED_HEARTBEATS * self._assigner.heartbeat_interval
         try:

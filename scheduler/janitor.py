@@ -10,6 +10,10 @@
   broker (idempotent), so a broker that was added or lost its data gets them back. A broker that
   fails is skipped with a warning. Deletions wait for this pass, so it cannot re-create a queue
   that a FinishJob just deleted.
+- **Sweep again.** Clients and daemons re-declare a job's queues when they reconnect to a broker
+  (so a broker whose data was wiped gets them back). A daemon reconnecting in the moment between
+  a job's end and the assignment that takes the job away could re-create a deleted queue, so
+  every deletion is repeated once, :data:`RESWEEP_AFTER` seconds later (best effort: in memory).
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ import asyncio
 import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
-from typing import final
+from typing import Final, final
 
 from truba.pipes.errors import PipeError
 from truba.scheduler.brokers import Broker, Brokers
-from truba.scheduler.model import job_queues
+from truba.scheduler.model import JobQueues, job_queues
 from truba.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
+
+RESWEEP_AFTER: Final = 30.0
+"""Seconds after a job's queues were deleted before they are deleted once more."""
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -42,7 +49,10 @@ class QueueJanitor:
         first_delay: float = 0.5,
         max_delay: float = 30.0,
         sleep: Sleep = asyncio.sleep,
+        resweep_after: float = RESWEEP_AFTER,
     ) -> None:
+        self._resweep_after = resweep_after
+        self._resweeps: set[asyncio.Task[None]] = set()
         self._brokers = brokers
         self._store = store
         self._first_delay = first_delay
@@ -81,27 +91,27 @@ class QueueJanitor:
         for job_id in self._store.stale():
             self.reap(job_id)
 
-    def restore(self, job_ids: Iterable[str]) -> None:
-        """Declares the queues of ``job_ids`` once on every broker, in the background."""
-        ids = list(job_ids)
-        if ids:
-            self._restoring = asyncio.create_task(self._restore(ids), name="restore-queues")
+    def restore(self, jobs: Iterable[JobQueues]) -> None:
+        """Declares the queues of live jobs once on every broker, in the background."""
+        queues = list(jobs)
+        if queues:
+            self._restoring = asyncio.create_task(self._restore(queues), name="restore-queues")
 
-    async def _restore(self, job_ids: list[str]) -> None:
-        await asyncio.gather(*(self._restore_on(broker, job_ids) for broker in self._brokers.all))
+    async def _restore(self, queues: list[JobQueues]) -> None:
+        await asyncio.gather(*(self._restore_on(broker, queues) for broker in self._brokers.all))
 
-    async def _restore_on(self, broker: Broker, job_ids: list[str]) -> None:
-        for done, job_id in enumerate(job_ids):
+    async def _restore_on(self, broker: Broker, queues: list[JobQueues]) -> None:
+        for done, job in enumerate(queues):
             try:
-                await broker.declare(job_queues(job_id))
+                await broker.declare(job)
             except PipeError as exc:
                 # The broker is down or slow: one timeout is enough, skip the rest of the jobs.
                 log.warning(
                     "sched.queues.restore_failed",
-                    extra={"broker": broker.info.name, "jobs_left": len(job_ids) - done, "error": str(exc)},
+                    extra={"broker": broker.info.name, "jobs_left": len(queues) - done, "error": str(exc)},
                 )
                 return
-        log.info("sched.queues.restored", extra={"broker": broker.info.name, "jobs": len(job_ids)})
+        log.info("sched.queues.restored", extra={"broker": broker.info.name, "jobs": len(queues)})
 
     async def _reap(self, job_id: str) -> None:
         if self._restoring is not None:
@@ -109,6 +119,22 @@ class QueueJanitor:
         await asyncio.gather(*(self._reap_on(broker, job_id) for broker in self._brokers.all))
         self._store.forget_stale(job_id)
         log.info("sched.queues.deleted", extra={"job_id": job_id})
+        task = asyncio.create_task(self._resweep(job_id), name=f"resweep-{job_id}")
+        self._resweeps.add(task)
+        task.add_done_callback(self._resweeps.discard)
+
+    async def _resweep(self, job_id: str) -> None:
+        await asyncio.sleep(self._resweep_after)
+        queues = job_queues(job_id)
+        for broker in self._brokers.all:
+            try:
+                await broker.delete(queues)
+            except PipeError as exc:  # best effort: the first deletion succeeded
+                log.info(
+                    "sched.queues.resweep_failed",
+                    extra={"job_id": job_id, "broker": broker.info.name, "error": str(exc)},
+                )
+        log.debug("sched.queues.resweeped", extra={"job_id": job_id})
 
     async def _reap_on(self, broker: Broker, job_id: str) -> None:
         queues = job_queues(job_id)
@@ -118,7 +144,7 @@ class QueueJanitor:
                 await broker.delete(queues)
             except PipeError as exc:
                 attempt += 1
-                delay = min(self._max_delay, self._first_delay * 2 ** (attempt - 1))
+                delay = min(self._max_delay, self._first_delay * 2 ** min(attempt - 1, 32))
                 delay *= random.uniform(0.8, 1.2)  # brokers coming back are not hit in lockstep
                 log.warning(
                     "sched.queues.delete_failed",
@@ -142,7 +168,7 @@ class QueueJanitor:
     async def close(self) -> None:
         """Stops the background work; the stale ledger keeps what is left for the next start."""
         postponed = sorted(job_id for job_id, task in self._tasks.items() if not task.done())
-        tasks = [*self._tasks.values(), *([self._restoring] if self._restoring else [])]
+        tasks = [*self._tasks.values(), *self._resweeps, *([self._restoring] if self._restoring else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Awaitable, Callable, Sequence
-from typing import TypeVar, final
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Final, TypeVar, final
 
 import grpc.aio
 
@@ -19,10 +20,19 @@ from truba.scheduler.assigner import Assigner
 from truba.scheduler.brokers import BrokerInfo
 from truba.scheduler.convert import brokers_pb, job_pb
 from truba.scheduler.errors import SchedulerError
+from truba.scheduler.events import EventKind
 from truba.scheduler.lifecycle import JobLifecycle
-from truba.scheduler.model import Job
+from truba.scheduler.model import Job, JobState
 
 log = logging.getLogger(__name__)
+
+_EVENT_KINDS: Final = {
+    EventKind.SNAPSHOT: jobs_pb2.JOB_EVENT_KIND_SNAPSHOT,
+    EventKind.STATE: jobs_pb2.JOB_EVENT_KIND_STATE,
+    EventKind.SLOTS: jobs_pb2.JOB_EVENT_KIND_SLOTS,
+    EventKind.IMPORTANCE: jobs_pb2.JOB_EVENT_KIND_IMPORTANCE,
+    EventKind.PROGRESS: jobs_pb2.JOB_EVENT_KIND_PROGRESS,
+}
 
 
 S = TypeVar("S")
@@ -67,8 +77,13 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self._brokers = tuple(brokers)
 
     def _pb(self, job: Job) -> jobs_pb2.Job:
+        closed = job.submitted if job.state is not JobState.OPEN else 0
         return job_pb(
-            job, assigned_slots=self._assigner.slots_of(job.id), problem=self._assigner.problem_of(job)
+            job,
+            assigned_slots=self._assigner.slots_of(job.id),
+            problem=self._assigner.problem_of(job),
+            counts=self._jobs.counters.counts(job.id, closed),
+            fair_share=self._assigner.fair_share_of(job.id),
         )
 
     @reports_errors
@@ -77,7 +92,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.CreateJobRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.CreateJobRequest, jobs_pb2.CreateJobResponse],
     ) -> jobs_pb2.CreateJobResponse:
-        job = await self._jobs.create(request.handler, request.importance, request.name)
+        settings = request.settings if request.HasField("settings") else None
+        job = await self._jobs.create(request.handler, request.importance, request.name, settings)
         return jobs_pb2.CreateJobResponse(job=self._pb(job), brokers=brokers_pb(self._brokers))
 
     @reports_errors
@@ -120,6 +136,57 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.ListJobsResponse:
         jobs = self._jobs.list(include_done=request.include_done)
         return jobs_pb2.ListJobsResponse(jobs=[self._pb(job) for job in jobs])
+
+    @reports_errors
+    async def SetImportance(
+        self,
+        request: jobs_pb2.SetImportanceRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.SetImportanceRequest, jobs_pb2.Job],
+    ) -> jobs_pb2.Job:
+        return self._pb(self._jobs.set_importance(request.job_id, request.importance))
+
+    @reports_errors
+    async def ReportProgress(
+        self,
+        request: jobs_pb2.ReportProgressRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ReportProgressRequest, jobs_pb2.ReportProgressResponse],
+    ) -> jobs_pb2.ReportProgressResponse:
+        self._jobs.report_progress(request.job_id, request.submitted, request.received)
+        return jobs_pb2.ReportProgressResponse()
+
+    async def WatchJob(
+        self,
+        request: jobs_pb2.WatchJobRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.WatchJobRequest, jobs_pb2.JobEvent],
+    ) -> AsyncIterator[jobs_pb2.JobEvent]:
+        """The job now (SNAPSHOT), then one event per kind of change, until the job ends."""
+        try:
+            job = self._jobs.get(request.job_id)
+        except SchedulerError as exc:
+            log.info(
+                "sched.request.refused",
+                extra={"method": "WatchJob", "code": exc.code.name, "details": str(exc)},
+            )
+            await context.abort(exc.code, str(exc))
+        watch = self._jobs.events.watch(job.id)
+        log.debug("sched.watch.started", extra={"job_id": job.id, "peer": context.peer()})
+        try:
+            yield self._event(EventKind.SNAPSHOT, job)
+            if not job.runnable:
+                return
+            async for kinds in watch.changes():
+                job = self._jobs.get(job.id)
+                # A state change comes last: after the job ended, it is the stream's last event.
+                for kind in sorted(kinds, key=lambda k: k is EventKind.STATE):
+                    yield self._event(kind, job)
+                if not job.runnable:
+                    return
+        finally:
+            watch.close()
+            log.debug("sched.watch.ended", extra={"job_id": job.id})
+
+    def _event(self, kind: EventKind, job: Job) -> jobs_pb2.JobEvent:
+        return jobs_pb2.JobEvent(kind=_EVENT_KINDS[kind], job=self._pb(job), at=time.time())
 
     @reports_errors
     async def GetClusterInfo(

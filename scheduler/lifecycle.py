@@ -27,23 +27,30 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import final
+from typing import Final, final
 
+from truba.proto.v1 import common_pb2
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.brokers import Brokers
+from truba.scheduler.counters import JobCounters
 from truba.scheduler.errors import FailedPrecondition, NotFound
+from truba.scheduler.events import EventKind, JobEvents
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.model import Job, JobIds, JobState
-from truba.scheduler.store import JobStore
+from truba.scheduler.store import JobStore, settings_json
 from truba.scheduler.validate import (
     check_handler,
     check_importance,
     check_job_id,
     check_name,
+    check_settings,
     check_submitted,
 )
 
 log = logging.getLogger(__name__)
+
+DEFAULT_CONSUMER_TIMEOUT: Final = 1800.0
+"""RabbitMQ's default delivery-ack timeout (30 minutes), seconds."""
 
 
 @final
@@ -62,11 +69,17 @@ class JobLifecycle:
         janitor: QueueJanitor,
         assigner: Assigner,
         *,
+        events: JobEvents | None = None,
+        counters: JobCounters | None = None,
         ids: JobIds | None = None,
         clock: Callable[[], float] = time.time,
         delete_wait: float = 5.0,
+        consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT,
     ) -> None:
         self._store = store
+        self.events = events or JobEvents()
+        self.counters = counters or JobCounters()
+        self._consumer_timeout = consumer_timeout
         self._brokers = brokers
         self._janitor = janitor
         self._assigner = assigner
@@ -74,17 +87,26 @@ class JobLifecycle:
         self._clock = clock
         self._delete_wait = delete_wait
 
-    async def create(self, handler: str, importance: float, name: str = "") -> Job:
+    async def create(
+        self,
+        handler: str,
+        importance: float,
+        name: str = "",
+        settings: common_pb2.JobSettings | None = None,
+    ) -> Job:
         """Creates an open job with its queues on every broker.
 
         Raises:
-            InvalidArgument: a malformed handler, importance or name.
+            InvalidArgument: a malformed handler, importance, name or setting.
             FailedPrecondition: daemons are connected and none allows ``handler``.
             Unavailable: a broker failed; nothing was created.
         """
         handler = check_handler(handler)
         importance = check_importance(importance)
         name = check_name(name)
+        job_settings = check_settings(
+            settings or common_pb2.JobSettings(), consumer_timeout=self._consumer_timeout
+        )
         self._assigner.check_allowed(handler)
         job = Job(
             id=self._ids.new(),
@@ -93,6 +115,7 @@ class JobLifecycle:
             importance=importance,
             state=JobState.OPEN,
             created_at=self._clock(),
+            settings=job_settings,
         )
         self._store.reserve(job.id)
         try:
@@ -104,7 +127,13 @@ class JobLifecycle:
         self._store.insert(job)
         log.info(
             "sched.job.created",
-            extra={"job_id": job.id, "handler": handler, "importance": importance, "job_name": name},
+            extra={
+                "job_id": job.id,
+                "handler": handler,
+                "importance": importance,
+                "job_name": name,
+                "settings": settings_json(job_settings),
+            },
         )
         self._assigner.replan()
         return job
@@ -145,8 +174,51 @@ class JobLifecycle:
         job = replace(job, state=JobState.CLOSED, submitted=submitted, closed_at=self._clock())
         self._store.update(job)
         log.info("sched.job.closed", extra={"job_id": job.id, "submitted": submitted})
+        self.events.publish(job.id, EventKind.STATE)
         self._assigner.replan()
         return job
+
+    def set_importance(self, job_id: str, importance: float) -> Job:
+        """Changes a runnable job's weight in the fair share; the plan follows at once.
+
+        Raises:
+            InvalidArgument, NotFound: as :meth:`get`, or a bad importance.
+            FailedPrecondition: the job ended.
+        """
+        importance = check_importance(importance)
+        job = self.get(job_id)
+        if not job.runnable:
+            raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: its importance is final")
+        if job.importance == importance:
+            return job
+        log.info(
+            "sched.job.importance",
+            extra={"job_id": job.id, "importance": importance, "was": job.importance},
+        )
+        job = replace(job, importance=importance)
+        self._store.update(job)
+        self.events.publish(job.id, EventKind.IMPORTANCE)
+        self._assigner.replan()
+        return job
+
+    def report_progress(self, job_id: str, submitted: int, received: int) -> None:
+        """A client's task counters for a runnable job (they feed its demand).
+
+        Raises:
+            InvalidArgument, NotFound: as :meth:`get`, or a count too large to store.
+            FailedPrecondition: the job ended.
+        """
+        submitted = check_submitted(submitted)
+        received = check_submitted(received, field="received")
+        job = self.get(job_id)
+        if not job.runnable:
+            raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: no progress to report")
+        if self.counters.client_report(job.id, submitted, received, self._clock()):
+            log.debug(
+                "sched.job.progress", extra={"job_id": job.id, "submitted": submitted, "received": received}
+            )
+            self.events.publish(job.id, EventKind.PROGRESS)
+            self._assigner.replan_soon()
 
     async def finish(self, job_id: str) -> Job:
         """The client has every outcome: deletes the job's queues; the job is FINISHED.
@@ -177,6 +249,7 @@ class JobLifecycle:
         self._store.update(job, delete_queues=True)
         event = "sched.job.finished" if state is JobState.FINISHED else "sched.job.cancelled"
         log.info(event, extra={"job_id": job.id, "submitted": job.submitted})
+        self.events.publish(job.id, EventKind.STATE)
         self._assigner.replan()
         if not await self._janitor.reap_within(job.id, self._delete_wait):
             log.warning("sched.job.queues_pending", extra={"job_id": job.id, "waited": self._delete_wait})

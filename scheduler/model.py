@@ -13,6 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, final
 
+from truba.queues import JobQueues, job_queues
+
+__all__ = ["Job", "JobIds", "JobQueues", "JobSettings", "JobState", "Preemption", "QueueType", "job_queues"]
+
 _BASE36: Final = "0123456789abcdefghijklmnopqrstuvwxyz"
 _EPOCH: Final = 1_704_067_200.0
 """2024-01-01T00:00:00Z: job ids count milliseconds from here."""
@@ -35,23 +39,35 @@ class JobState(enum.Enum):
         return self in (JobState.OPEN, JobState.CLOSED)
 
 
+class Preemption(enum.Enum):
+    """How a job's slots leave it when the planner gives them to another job."""
+
+    GRACEFUL = "graceful"
+    """At a task boundary: the running task finishes first."""
+    IMMEDIATE = "immediate"
+    """At once: the daemon interrupts the running task and returns it to its queue."""
+
+
+class QueueType(enum.Enum):
+    """The RabbitMQ type of a job's task and result queues."""
+
+    QUORUM = "quorum"
+    CLASSIC = "classic"
+
+
+DEFAULT_MAX_ATTEMPTS: Final = 3
+
+
 @dataclass(frozen=True)
-class JobQueues:
-    """Names of one job's queues; each exists once on every broker."""
+class JobSettings:
+    """A job's settings, fixed at creation. ``max_slots`` 0 is no limit; ``task_timeout`` 0 is none."""
 
-    tasks: str
-    results: str
-    dead: str
-
-    def all(self) -> tuple[str, str, str]:
-        """The three names, dead-letter queue first (the other two dead-letter into it)."""
-        return (self.dead, self.tasks, self.results)
-
-
-def job_queues(job_id: str) -> JobQueues:
-    """The queue names of job ``job_id``: the one place that spells them."""
-    prefix = f"truba.job.{job_id}"
-    return JobQueues(tasks=f"{prefix}.tasks", results=f"{prefix}.results", dead=f"{prefix}.dead")
+    min_slots: int = 0
+    max_slots: int = 0
+    preemption: Preemption = Preemption.GRACEFUL
+    task_timeout: float = 0.0
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    queue_type: QueueType = QueueType.QUORUM
 
 
 @dataclass(frozen=True)
@@ -68,10 +84,11 @@ class Job:
     closed_at: float | None = None
     finished_at: float | None = None
     problem: str = ""
+    settings: JobSettings = JobSettings()
 
     @property
     def queues(self) -> JobQueues:
-        return job_queues(self.id)
+        return job_queues(self.id, self.settings.queue_type.value)
 
     @property
     def runnable(self) -> bool:

@@ -1,25 +1,43 @@
-"""The planner: a pure function from (daemons, jobs, current assignment) to the next assignment.
+"""The planner: a pure function from (daemons, jobs, current assignment) to the next plan.
 
-This is the walking-skeleton policy: every daemon splits its slots equally among the runnable
-jobs it allows (see :mod:`truba.scheduler.allow`). When the slots do not divide evenly, the
-remainder goes first to jobs that already hold one slot above the equal share on that daemon, so
-they keep it, then to the oldest jobs. The result depends only on the inputs; planning again with
-unchanged inputs returns the current assignment, so nothing moves.
+Each job gets its weighted max-min fair share of slots ("water-filling" by importance), capped
+by what it can use now (its demand: a job that needs fewer slots gives the rest away) and by
+its max_slots, raised to its min_slots, over the daemons whose ``--allow`` patterns match its
+handler (:mod:`~truba.scheduler.fairshare`). The new map is built from the current one, so
+slots stay with their job unless something below says otherwise, in this order:
 
-Weighted fair share by importance, demand caps, hysteresis and preemption replace the split in a
-later version; the signature stays.
+1. **Freed at once** (not moves, no hold): slots on daemons that are gone, of jobs that are not
+   runnable or not allowed there any more, beyond a job's demand or max_slots
+   (:func:`~truba.scheduler.placement.shed`), beyond a daemon's (shrunk) capacity
+   (:func:`~truba.scheduler.placement.trim`).
+2. **Free slots handed out** (not moves either, and not limited by ``max_moves``: giving an idle
+   slot interrupts nobody and cannot flap): pool by pool, most contended first, each slot to the
+   job furthest below its share there, older job on ties (largest remainder), and on, past the
+   shares, while some job could use it: no slot idles while an allowed job has demand left.
+   Spread over daemons (:func:`~truba.scheduler.placement.spread`).
+3. **Moves** from jobs above their share to jobs below it, under Kueue's rule, a deadband and a
+   minimum hold, at most ``max_moves`` (:mod:`~truba.scheduler.moves`); through a short chain
+   of jobs when allow-lists keep the two apart (:mod:`~truba.scheduler.chains`).
+
+Planning again with unchanged inputs changes nothing: step 1 has nothing left to free, step 2
+no free slot an allowed job can use, step 3 no allowed move.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Final
 
-from truba.scheduler.allow import allowed
-from truba.scheduler.model import Job
+from truba.scheduler.board import Assignment, Board
+from truba.scheduler.fairshare import Shares, fair_shares
+from truba.scheduler.moves import rebalance
+from truba.scheduler.placement import shed, spread, trim
+from truba.scheduler.pools import Pools
+from truba.scheduler.waterfill import KEY_DIGITS, distribute
 
-Assignment = dict[str, dict[str, int]]
-"""daemon id -> job id -> slots. Jobs with no slots on a daemon are absent."""
+__all__ = ["Assignment", "Capacity", "JobSpec", "Plan", "Policy", "gains", "job_totals", "plan"]
 
 
 @dataclass(frozen=True)
@@ -31,45 +49,233 @@ class Capacity:
     allow: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class JobSpec:
+    """A runnable job as the planner sees it.
+
+    Attributes:
+        importance: its weight in the fair share (> 0).
+        created_at: breaks ties, older first, then ``id``.
+        min_slots: slots it keeps whatever its importance, if the cluster and its demand allow.
+        max_slots: the most it gets; 0 is no cap.
+        demand: slots it can use now (running + backlog); None (unknown) is unbounded.
+
+    Raises:
+        ValueError: importance is not positive, or a count is negative.
+    """
+
+    id: str
+    handler: str
+    importance: float
+    created_at: float
+    min_slots: int = 0
+    max_slots: int = 0
+    demand: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.importance > 0 or math.isinf(self.importance):
+            raise ValueError(f"job {self.id}: importance must be > 0 and finite, not {self.importance}")
+        if self.min_slots < 0 or self.max_slots < 0 or (self.demand is not None and self.demand < 0):
+            raise ValueError(f"job {self.id}: min_slots, max_slots and demand must be >= 0")
+
+
+@dataclass(frozen=True)
+class Policy:
+    """How eagerly the planner moves slots between jobs (free slots are always handed out).
+
+    Attributes:
+        deadband: slots; two jobs that are both less than this off their fair shares do not
+            trade a slot, even if Kueue's rule would let them. 1.0: integer slots leave a job up
+            to one slot off a fractional share, and trading inside that is rounding noise (a
+            wobble of the shares, e.g. of a demand estimate, would move slots back and forth),
+            while a job a full slot short (3 + 1 for two equal jobs on 4 slots) is still fixed.
+            Up to 1.0 every job still ends within one slot of its share (at 0.5 or less Kueue's
+            rule alone decides).
+        max_moves: slots moved from one job to another per plan; each may interrupt a running
+            task. 512 lets a cluster of up to 512 slots converge in one plan, and bounds the
+            churn of one event on a large one (a job taking half of 10,000 slots converges in
+            ten plans). 0 forbids moves. A plan stopped short says so (:attr:`Plan.settled`).
+        min_hold: seconds a job keeps a slot it got on a daemon before that daemon's slots of it
+            may be moved to another job: a new job's share arrives within a second even when
+            another new job just got slots, yet a slot never changes hands faster than this.
+    """
+
+    deadband: float = 1.0
+    max_moves: int = 512
+    min_hold: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.deadband < 0 or self.max_moves < 0 or self.min_hold < 0:
+            raise ValueError("deadband, max_moves and min_hold must be >= 0")
+
+
+DEFAULT_POLICY: Final = Policy()
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The next assignment and how it came about."""
+
+    assignment: Assignment
+    """daemon -> job -> slots; every daemon present, jobs without slots on it absent."""
+    targets: dict[str, float]
+    """Job id -> fair share in (fractional) slots: what the job should hold once settled."""
+    moves: int
+    """Slots taken from one job for another this plan (freed and idle slots not counted)."""
+    settled: bool
+    """False if ``max_moves`` or ``min_hold`` stopped a move: plan again soon (within min_hold)."""
+
+
 def plan(
     daemons: Iterable[Capacity],
-    jobs: Iterable[Job],
+    jobs: Iterable[JobSpec],
     current: Mapping[str, Mapping[str, int]],
-) -> Assignment:
-    """The next assignment: every daemon appears, jobs with no slots on a daemon are left out.
+    *,
+    now: float = 0.0,
+    given_at: Mapping[tuple[str, str], float] | None = None,
+    policy: Policy = DEFAULT_POLICY,
+) -> Plan:
+    """Plans the next assignment; see the module docstring.
 
     Args:
-        daemons: connected daemons.
-        jobs: known jobs; those not runnable (finished, cancelled) are ignored.
-        current: what each daemon holds now (daemon id -> job id -> slots); missing means nothing.
+        daemons: connected daemons (ids unique; a later duplicate replaces an earlier one).
+        jobs: runnable jobs (ids unique).
+        current: what each daemon holds now (daemon id -> job id -> slots); missing is nothing.
+        now: the time, on the clock of ``given_at``.
+        given_at: (daemon id, job id) -> when the job last gained a slot on that daemon (see
+            :func:`gains`); missing means long ago.
+        policy: deadband, move cap and hold.
     """
-    runnable = sorted((job for job in jobs if job.runnable), key=lambda job: (job.created_at, job.id))
-    # Daemons of one deployment mostly share an allow-list: match each (handler, list) once.
-    matches: dict[tuple[str, tuple[str, ...]], bool] = {}
+    caps = {c.daemon_id: c for c in daemons}
+    order = sorted(caps)
+    slots = {d: max(caps[d].slots, 0) for d in order}
+    specs = {job.id: job for job in jobs}
+    ids = sorted(specs, key=lambda j: (specs[j].created_at, j))
+    ranks = {job_id: i for i, job_id in enumerate(ids)}
+    pools = Pools([(d, slots[d], caps[d].allow) for d in order], (s.handler for s in specs.values()))
+    shares, ceiling = _shares(pools, [specs[j] for j in ids])
+    targets = dict(zip(ids, shares.targets, strict=True))
+    handler = {job_id: spec.handler for job_id, spec in specs.items()}
+    jobs_of: list[list[tuple[int, str]]] = [[] for _ in pools.members]
+    for rank, job_id in enumerate(ids):
+        for pool in pools.of_handler[specs[job_id].handler]:
+            jobs_of[pool].append((rank, job_id))
 
-    def allows(daemon: Capacity, handler: str) -> bool:
-        key = (handler, daemon.allow)
-        if key not in matches:
-            matches[key] = allowed(handler, daemon.allow)
-        return matches[key]
+    # 1. Free what must go, at once.
+    allowed_on = [{job_id for _, job_id in members} for members in jobs_of]
+    nobody: frozenset[str] = frozenset()
 
-    assignment: Assignment = {}
-    for daemon in daemons:
-        eligible = [job.id for job in runnable if allows(daemon, job.handler)]
-        assignment[daemon.daemon_id] = _split(daemon.slots, eligible, current.get(daemon.daemon_id, {}))
-    return assignment
+    def keep(daemon: str) -> set[str] | frozenset[str]:
+        pool = pools.of_daemon[daemon]
+        return nobody if pool is None else allowed_on[pool]
+
+    board = Board(order, current, keep)
+    _free_excess(board, slots, ceiling, targets, ranks)
+
+    # 2 and 3. Hand out free slots; move; a move may leave its donor wanting a slot that is free
+    # elsewhere, so hand out again until nothing changes (each round uses up a free slot).
+    floors = {j: min(specs[j].min_slots, ceiling[j], math.floor(targets[j] + 1e-9)) for j in ids}
+    given = given_at or {}
+
+    def on_hold(daemon: str, job_id: str) -> bool:
+        at = given.get((daemon, job_id))
+        return at is not None and now - at < policy.min_hold
+
+    moves = 0
+    settled = True
+    _hand_out(board, pools, shares, jobs_of, ceiling, slots)
+    while True:
+        outcome = rebalance(
+            board,
+            targets,
+            floors,
+            ranks,
+            pools=pools,
+            slots=slots,
+            handler=handler,
+            on_hold=on_hold,
+            deadband=policy.deadband,
+            max_moves=policy.max_moves - moves,
+        )
+        moves += outcome.moves
+        settled = settled and outcome.settled
+        if not outcome.moves or not _hand_out(board, pools, shares, jobs_of, ceiling, slots):
+            break
+    targets_out = {j: float(round(t, KEY_DIGITS)) for j, t in targets.items()}
+    return Plan(board.by_daemon, targets_out, moves, settled)
 
 
-def _split(slots: int, job_ids: Sequence[str], held: Mapping[str, int]) -> dict[str, int]:
-    """Splits ``slots`` equally over ``job_ids`` (oldest first); see the module docstring."""
-    if not job_ids or slots <= 0:
-        return {}
-    base, extra = divmod(slots, len(job_ids))
-    # Jobs already above the base share come first, then age; stable, so ties keep age order.
-    order = sorted(range(len(job_ids)), key=lambda i: held.get(job_ids[i], 0) <= base)
-    favoured = set(order[:extra])
-    split = {job_id: base + (i in favoured) for i, job_id in enumerate(job_ids)}
-    return {job_id: n for job_id, n in split.items() if n > 0}
+def _free_excess(
+    board: Board,
+    slots: Mapping[str, int],
+    ceiling: Mapping[str, int],
+    targets: Mapping[str, float],
+    ranks: Mapping[str, int],
+) -> None:
+    """Takes back what no job may keep: beyond its ceiling, then beyond a daemon's capacity."""
+    for job_id, held in list(board.totals.items()):
+        if held > ceiling[job_id]:
+            shed(board, job_id, held - ceiling[job_id])
+    excess = {j: board.totals.get(j, 0) - t for j, t in targets.items()}
+    for daemon, capacity in slots.items():
+        if board.used[daemon] > capacity:
+            trim(board, daemon, board.used[daemon] - capacity, excess, ranks)
+
+
+def _shares(pools: Pools, jobs: list[JobSpec]) -> tuple[Shares, dict[str, int]]:
+    """Fair shares of ``jobs`` (oldest first), and each job's ceiling: demand, max, reach."""
+    eligible = [pools.of_handler[j.handler] for j in jobs]
+    hi = [_ceiling(j, sum(pools.capacity[p] for p in e)) for j, e in zip(jobs, eligible, strict=True)]
+    lo = [min(j.min_slots, h) for j, h in zip(jobs, hi, strict=True)]
+    shares = fair_shares([j.importance for j in jobs], lo, hi, eligible, [float(c) for c in pools.capacity])
+    return shares, {j.id: h for j, h in zip(jobs, hi, strict=True)}
+
+
+def _ceiling(spec: JobSpec, reachable: int) -> int:
+    cap = reachable
+    if spec.demand is not None:
+        cap = min(cap, spec.demand)
+    if spec.max_slots > 0:
+        cap = min(cap, spec.max_slots)
+    return cap
+
+
+def _hand_out(
+    board: Board,
+    pools: Pools,
+    shares: Shares,
+    jobs_of: list[list[tuple[int, str]]],
+    ceiling: Mapping[str, int],
+    slots: Mapping[str, int],
+) -> int:
+    """Gives free slots to jobs, most contended pools first; returns how many it gave.
+
+    In a pool, each slot goes to the job furthest below its share there (older first on ties:
+    largest remainder), and on past the shares while a job has room: no slot idles while a job
+    that may use it has demand left. ``jobs_of[pool]`` lists (rank, job id) of the jobs it may
+    run.
+    """
+    given = 0
+    for pool in shares.fill_order:
+        members = pools.members[pool]
+        free = sum(slots[d] - board.used[d] for d in members)
+        candidates = [(r, j) for r, j in jobs_of[pool] if board.totals.get(j, 0) < ceiling[j]]
+        if free <= 0 or not candidates:
+            continue
+        keys = [_in_pool(board, j, pools, pool) - shares.by_pool[r].get(pool, 0.0) for r, j in candidates]
+        rooms = [ceiling[j] - board.totals.get(j, 0) for _, j in candidates]
+        counts = distribute(keys, rooms, free, [r for r, _ in candidates])
+        additions = [(j, n) for (_, j), n in zip(candidates, counts, strict=True) if n > 0]
+        spread(board, additions, members, slots)
+        given += sum(counts)
+    return given
+
+
+def _in_pool(board: Board, job_id: str, pools: Pools, pool: int) -> int:
+    where = board.by_job.get(job_id, {})
+    if len(pools.members) == 1:
+        return sum(where.values())
+    return sum(n for d, n in where.items() if pools.of_daemon[d] == pool)
 
 
 def job_totals(assignment: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
@@ -79,3 +285,19 @@ def job_totals(assignment: Mapping[str, Mapping[str, int]]) -> dict[str, int]:
         for job_id, slots in jobs.items():
             totals[job_id] = totals.get(job_id, 0) + slots
     return totals
+
+
+def gains(
+    before: Mapping[str, Mapping[str, int]], after: Mapping[str, Mapping[str, int]]
+) -> list[tuple[str, str]]:
+    """(daemon, job) pairs that hold more slots ``after`` than ``before``.
+
+    The caller records ``given_at[pair] = now`` for each, the input :func:`plan` needs for
+    ``min_hold``.
+    """
+    return [
+        (daemon, job_id)
+        for daemon, row in after.items()
+        for job_id, n in row.items()
+        if n > before.get(daemon, {}).get(job_id, 0)
+    ]

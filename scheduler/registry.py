@@ -49,6 +49,10 @@ class DaemonSession:
         self.applied_version = 0
         self.sent_at = now
         self.last_seen = now
+        self.draining = False
+        """Told to drain (DrainDaemon) or said so in a heartbeat: it gets no slots."""
+        self.stats: list[daemons_pb2.JobStats] = []
+        """Per-job counters of the last heartbeat."""
         self.end: tuple[grpc.StatusCode, str] | None = None
         """Why the scheduler ended the stream (status and details), once it has."""
         self._outbox: collections.deque[daemons_pb2.SchedulerMessage] = collections.deque()
@@ -107,6 +111,9 @@ class DaemonRegistry:
             del self._sessions[session.daemon_id]
             return True
         return False
+
+    def get(self, daemon_id: str) -> DaemonSession | None:
+        return self._sessions.get(daemon_id)
 
     def __iter__(self) -> Iterator[DaemonSession]:
         return iter(list(self._sessions.values()))

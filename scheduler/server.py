@@ -28,18 +28,23 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 from truba.pipes.rabbit import redact
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.assigner import Assigner
+from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
+from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
+from truba.scheduler.events import JobEvents
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
-from truba.scheduler.lifecycle import JobLifecycle
+from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, JobLifecycle
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
 
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN: Final = "127.0.0.1:50051"
-"""Loopback by default: the API has no authentication yet, so exposing it is an explicit choice."""
+"""Loopback by default: exposing the API is an explicit choice (then with ``token`` and TLS)."""
+COUNTERS_FLUSH: Final = 2.0
+"""Seconds between writes of changed task counters to the store."""
 STORE_FILE: Final = "scheduler.sqlite3"
 LOCK_FILE: Final = "scheduler.lock"
 SERVICES: Final = (
@@ -59,6 +64,10 @@ class SchedulerConfig:
         heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
         broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
+        consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
+            ``consumer_timeout``); jobs with a longer task timeout are refused.
+        token: when set, every call but health checks must carry ``authorization: Bearer <token>``.
+        tls_cert, tls_key: PEM files; when both are set the scheduler serves TLS only.
     """
 
     brokers: Sequence[str]
@@ -68,6 +77,10 @@ class SchedulerConfig:
     broker_timeout: float = 10.0
     delete_wait: float = 5.0
     grpc_options: Sequence[tuple[str, int | str]] = field(default=())
+    consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    token: str | None = None
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", tuple(self.brokers))
@@ -78,6 +91,12 @@ class SchedulerConfig:
             raise ValueError(f"heartbeat_interval: must be > 0, got {self.heartbeat_interval}")
         if not self.broker_timeout > 0:
             raise ValueError(f"broker_timeout: must be > 0, got {self.broker_timeout}")
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key: give both or neither")
+        if self.token is not None and not self.token:
+            raise ValueError("token: must not be empty")
+        if not self.consumer_timeout > 0:
+            raise ValueError(f"consumer_timeout: must be > 0, got {self.consumer_timeout}")
         host, colon, port = self.listen.rpartition(":")
         if not (host and colon and port.isdigit()):
             raise ValueError(f"listen: must look like HOST:PORT, got {self.listen!r}")
@@ -135,18 +154,44 @@ class Scheduler:
         stack.push_async_callback(brokers.close)
         janitor = QueueJanitor(brokers, store)
         stack.push_async_callback(janitor.close)
-        assigner = Assigner(self._registry, store.list, heartbeat_interval=config.heartbeat_interval)
-        lifecycle = JobLifecycle(store, brokers, janitor, assigner, delete_wait=config.delete_wait)
+        counters = JobCounters()
+        counters.restore(store.load_counters())
+        events = JobEvents()
+        stack.callback(events.close)
+        assigner = Assigner(
+            self._registry,
+            store.list,
+            heartbeat_interval=config.heartbeat_interval,
+            counters=counters,
+            events=events,
+        )
+        lifecycle = JobLifecycle(
+            store,
+            brokers,
+            janitor,
+            assigner,
+            events=events,
+            counters=counters,
+            delete_wait=config.delete_wait,
+            consumer_timeout=config.consumer_timeout,
+        )
 
         # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
         # share its traffic instead of failing to bind.
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0), *config.grpc_options])
+        server = grpc.aio.server(
+            options=[("grpc.so_reuseport", 0), *config.grpc_options],
+            interceptors=[TokenAuth(config.token)] if config.token else None,
+        )
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobServicer(lifecycle, assigner, brokers.infos), server
         )
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
-        port = server.add_insecure_port(config.listen)
+        if config.tls_cert is not None and config.tls_key is not None:
+            tls = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
+            port = server.add_secure_port(config.listen, tls)
+        else:
+            port = server.add_insecure_port(config.listen)
         await server.start()
         stack.push_async_callback(self._stop_server, server)
 
@@ -154,8 +199,10 @@ class Scheduler:
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         runnable = store.list()
         janitor.resume()
-        janitor.restore(job.id for job in runnable)
+        janitor.restore(job.queues for job in runnable)
         _background(assigner.watch(), stack, name="heartbeat-watchdog")
+        _background(_flush_counters(counters, store), stack, name="counters-flush")
+        stack.callback(_store_counters, counters, store)
         self._port = port
         log.info(
             "sched.started",
@@ -191,6 +238,20 @@ class Scheduler:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.stop()
+
+
+async def _flush_counters(counters: JobCounters, store: SqliteJobStore) -> None:
+    """Writes changed counters every :data:`COUNTERS_FLUSH` seconds (one transaction each time)."""
+    while True:
+        await asyncio.sleep(COUNTERS_FLUSH)
+        _store_counters(counters, store)
+
+
+def _store_counters(counters: JobCounters, store: SqliteJobStore) -> None:
+    dirty = counters.dirty()
+    if dirty:
+        store.save_counters(dirty)
+        counters.stored(dirty)
 
 
 def _background(

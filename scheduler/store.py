@@ -13,15 +13,18 @@ so the scheduler's read-modify-write sequences need no locks.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
 import sqlite3
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final, Protocol, final
 
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -34,17 +37,27 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at  REAL NOT NULL,
     closed_at   REAL,
     finished_at REAL,
-    problem     TEXT NOT NULL
+    problem     TEXT NOT NULL,
+    settings    TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
 CREATE TABLE IF NOT EXISTS stale_queues (
     job_id TEXT PRIMARY KEY,
     since  REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS counters (
+    job_id TEXT PRIMARY KEY,
+    data   TEXT NOT NULL
+);
 """
 
+_MIGRATIONS: Final = {
+    # version 1 -> 2: job settings, task counters
+    1: ("ALTER TABLE jobs ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'",),
+}
+
 _COLUMNS: Final = (
-    "id, name, handler, importance, state, submitted, created_at, closed_at, finished_at, problem"
+    "id, name, handler, importance, state, submitted, created_at, closed_at, finished_at, problem, settings"
 )
 _RUNNABLE: Final = (JobState.OPEN.value, JobState.CLOSED.value)
 
@@ -81,6 +94,12 @@ class JobStore(Protocol):
     def forget_stale(self, job_id: str) -> None:
         """Removes ``job_id`` from the ledger: its queues are gone from every broker."""
 
+    def save_counters(self, counters: Mapping[str, str]) -> None:
+        """Stores each job's counters (an opaque JSON text per job id), replacing older ones."""
+
+    def load_counters(self) -> dict[str, str]:
+        """Every job's stored counters, by job id."""
+
     def close(self) -> None:
         """Releases the store; idempotent."""
 
@@ -104,6 +123,9 @@ class SqliteJobStore:
             if version > SCHEMA_VERSION:
                 raise RuntimeError(f"{self.path}: schema version {version} is newer than {SCHEMA_VERSION}")
             with self._db:
+                for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
+                    for statement in _MIGRATIONS[old]:
+                        self._db.execute(statement)
                 self._db.executescript(_SCHEMA)
                 self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except BaseException:
@@ -120,7 +142,7 @@ class SqliteJobStore:
     def insert(self, job: Job) -> None:
         try:
             with self._db:
-                self._db.execute(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)", _row(job))
+                self._db.execute(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", _row(job))
                 self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job.id,))
         except sqlite3.IntegrityError:
             raise KeyError(job.id) from None
@@ -129,7 +151,7 @@ class SqliteJobStore:
         with self._db:
             cursor = self._db.execute(
                 "UPDATE jobs SET name=?, handler=?, importance=?, state=?, submitted=?, created_at=?,"
-                " closed_at=?, finished_at=?, problem=? WHERE id=?",
+                " closed_at=?, finished_at=?, problem=?, settings=? WHERE id=?",
                 (*_row(job)[1:], job.id),
             )
             if cursor.rowcount != 1:
@@ -159,6 +181,19 @@ class SqliteJobStore:
         with self._db:
             self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job_id,))
 
+    def save_counters(self, counters: Mapping[str, str]) -> None:
+        with self._db:
+            self._db.executemany(
+                "INSERT INTO counters (job_id, data) VALUES (?, ?)"
+                " ON CONFLICT (job_id) DO UPDATE SET data = excluded.data",
+                counters.items(),
+            )
+
+    def load_counters(self) -> dict[str, str]:
+        return {
+            str(job_id): str(data) for job_id, data in self._db.execute("SELECT job_id, data FROM counters")
+        }
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -177,11 +212,12 @@ def _row(job: Job) -> tuple[object, ...]:
         job.closed_at,
         job.finished_at,
         job.problem,
+        settings_json(job.settings),
     )
 
 
 def _job(row: tuple[Any, ...]) -> Job:
-    job_id, name, handler, importance, state, submitted, created, closed, finished, problem = row
+    job_id, name, handler, importance, state, submitted, created, closed, finished, problem, settings = row
     return Job(
         id=str(job_id),
         name=str(name),
@@ -193,4 +229,25 @@ def _job(row: tuple[Any, ...]) -> Job:
         closed_at=None if closed is None else float(closed),
         finished_at=None if finished is None else float(finished),
         problem=str(problem),
+        settings=settings_from_json(str(settings)),
+    )
+
+
+def settings_json(settings: JobSettings) -> str:
+    """``settings`` as a JSON object (enums by value), the form the store keeps."""
+    fields = {f.name: getattr(settings, f.name) for f in dataclasses.fields(settings)}
+    return json.dumps({k: v.value if isinstance(v, enum.Enum) else v for k, v in fields.items()})
+
+
+def settings_from_json(text: str) -> JobSettings:
+    """The inverse of :func:`settings_json`; missing keys (older rows) take the defaults."""
+    data = json.loads(text)
+    defaults = JobSettings()
+    return JobSettings(
+        min_slots=int(data.get("min_slots", defaults.min_slots)),
+        max_slots=int(data.get("max_slots", defaults.max_slots)),
+        preemption=Preemption(data.get("preemption", defaults.preemption.value)),
+        task_timeout=float(data.get("task_timeout", defaults.task_timeout)),
+        max_attempts=int(data.get("max_attempts", defaults.max_attempts)),
+        queue_type=QueueType(data.get("queue_type", defaults.queue_type.value)),
     )

@@ -9,7 +9,9 @@ import math
 import re
 from typing import Final
 
+from truba.proto.v1 import common_pb2
 from truba.scheduler.errors import InvalidArgument
+from truba.scheduler.model import DEFAULT_MAX_ATTEMPTS, JobSettings, Preemption, QueueType
 
 MAX_HANDLER: Final = 512
 MAX_NAME: Final = 200
@@ -76,14 +78,14 @@ def check_job_id(job_id: str) -> str:
     return job_id
 
 
-def check_submitted(submitted: int) -> int:
-    """The task count a client declares when it closes a job.
+def check_submitted(submitted: int, *, field: str = "submitted") -> int:
+    """A task count a client reports (``field`` names it in the error).
 
     Raises:
         InvalidArgument: above what the store can hold.
     """
     if submitted > MAX_SUBMITTED:
-        raise InvalidArgument("submitted", f"must be at most {MAX_SUBMITTED}, got {submitted}")
+        raise InvalidArgument(field, f"must be at most {MAX_SUBMITTED}, got {submitted}")
     return submitted
 
 
@@ -111,3 +113,73 @@ def check_slots(slots: int) -> int:
     if slots < 1:
         raise InvalidArgument("slots", f"must be at least 1, got {slots}")
     return slots
+
+
+MAX_SLOTS_SETTING: Final = 1_000_000
+MAX_ATTEMPTS: Final = 1000
+
+_PREEMPTION: Final = {
+    common_pb2.PREEMPTION_UNSPECIFIED: Preemption.GRACEFUL,
+    common_pb2.PREEMPTION_GRACEFUL: Preemption.GRACEFUL,
+    common_pb2.PREEMPTION_IMMEDIATE: Preemption.IMMEDIATE,
+}
+_QUEUE_TYPE: Final = {
+    common_pb2.QUEUE_TYPE_UNSPECIFIED: QueueType.QUORUM,
+    common_pb2.QUEUE_TYPE_QUORUM: QueueType.QUORUM,
+    common_pb2.QUEUE_TYPE_CLASSIC: QueueType.CLASSIC,
+}
+
+
+def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float) -> JobSettings:
+    """A job's settings with defaults filled in; each error names its field (``settings.x``).
+
+    ``consumer_timeout`` is the brokers' delivery-ack timeout in seconds: daemons ack a task only
+    after its result is confirmed, so a task allowed to run longer would be redelivered by the
+    broker while it still runs (RABBITMQ.md, consumer_timeout).
+
+    Raises:
+        InvalidArgument: a value out of range, an unknown enum value, or a setting not supported.
+    """
+    if settings.min_slots > MAX_SLOTS_SETTING:
+        raise InvalidArgument(
+            "settings.min_slots", f"must be at most {MAX_SLOTS_SETTING}, got {settings.min_slots}"
+        )
+    if settings.max_slots > MAX_SLOTS_SETTING:
+        raise InvalidArgument(
+            "settings.max_slots", f"must be at most {MAX_SLOTS_SETTING}, got {settings.max_slots}"
+        )
+    if settings.max_slots and settings.max_slots < settings.min_slots:
+        raise InvalidArgument(
+            "settings.max_slots",
+            f"must be 0 (no limit) or at least min_slots={settings.min_slots}, got {settings.max_slots}",
+        )
+    preemption = _PREEMPTION.get(settings.preemption)
+    if preemption is None:
+        raise InvalidArgument("settings.preemption", f"unknown value {settings.preemption}")
+    queue_type = _QUEUE_TYPE.get(settings.queue_type)
+    if queue_type is None:
+        raise InvalidArgument("settings.queue_type", f"unknown value {settings.queue_type}")
+    timeout = settings.task_timeout
+    if not (math.isfinite(timeout) and timeout >= 0):
+        raise InvalidArgument("settings.task_timeout", f"must be a finite number >= 0, got {timeout:g}")
+    if timeout > consumer_timeout:
+        raise InvalidArgument(
+            "settings.task_timeout",
+            f"{timeout:g}s exceeds the brokers' consumer_timeout of {consumer_timeout:g}s: the broker would"
+            " redeliver a task still running; raise consumer_timeout in rabbitmq.conf and the scheduler's"
+            " --consumer-timeout, or lower the task timeout",
+        )
+    if settings.max_attempts > MAX_ATTEMPTS:
+        raise InvalidArgument(
+            "settings.max_attempts", f"must be at most {MAX_ATTEMPTS}, got {settings.max_attempts}"
+        )
+    if settings.priorities:
+        raise InvalidArgument("settings.priorities", "task priorities are not supported yet")
+    return JobSettings(
+        min_slots=settings.min_slots,
+        max_slots=settings.max_slots,
+        preemption=preemption,
+        task_timeout=timeout,
+        max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        queue_type=queue_type,
+    )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from truba.local.layout import DEFAULT_CONFIG
 from truba.local.node import LocalRabbitNode, start_nodes
 
 READY_LINE = "truba scheduler listening on "
@@ -142,7 +143,19 @@ class LocalCluster:
         allow_args = [arg for pattern in allow for arg in ("--allow", pattern)]
         return self.spawn(
             name,
-            ["daemon", "--scheduler", self.address, "--slots", str(slots), "--id", name, *allow_args, *extra],
+            [
+                "daemon",
+                "--scheduler",
+                self.address,
+                "--slots",
+                str(slots),
+                "--id",
+                name,
+                "--drain-timeout",
+                str(DAEMON_DRAIN_TIMEOUT),
+                *allow_args,
+                *extra,
+            ],
         )
 
     def _wait_for_ready(self, process: TrubaProcess, timeout: float = 30.0) -> str:
@@ -187,18 +200,26 @@ class LocalCluster:
         self._logs.clear()
 
 
+DAEMON_DRAIN_TIMEOUT = 3.0
+"""Seconds a local daemon may finish running tasks on shutdown before it hands them back."""
+LOCAL_CONSUMER_TIMEOUT = int(DEFAULT_CONFIG["consumer_timeout"]) / 1000
+"""The consumer_timeout of the nodes ``truba up`` starts, seconds."""
+
+
 def start(args: argparse.Namespace) -> LocalCluster:
     """Starts brokers, scheduler and daemons as ``args`` say; the caller must ``stop()`` it."""
     state = Path(args.state).resolve()
     cluster = LocalCluster(state)
     try:
         urls = list(args.broker)
+        scheduler_args: list[str] = []
         if not urls:
             began = time.monotonic()
             cluster.nodes = start_nodes(state / "brokers", args.brokers)
             urls = [node.url for node in cluster.nodes]
             _say(f"brokers: {' '.join(urls)} (started in {time.monotonic() - began:.1f} s)")
-        cluster.start_scheduler(urls, args.listen)
+            scheduler_args = ["--consumer-timeout", str(LOCAL_CONSUMER_TIMEOUT)]
+        cluster.start_scheduler(urls, args.listen, *scheduler_args)
         _say(f"scheduler: {cluster.address}")
         for i in range(args.daemons):
             cluster.start_daemon(f"daemon-{i}", args.slots, args.allow)

@@ -99,22 +99,48 @@ class RabbitConnection:
             raise ConnectionLost(f"{what}: the connection is closed ({exc})") from exc
 
     async def sender(
-        self, queue: str, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
+        self,
+        queue: str | QueueSpec,
+        *,
+        confirm_timeout: float = 30.0,
+        max_unconfirmed: int = 1000,
     ) -> RabbitSender:
-        """A sender publishing to ``queue`` through the default exchange on a confirm channel."""
-        channel = await self._channel(confirms=True)
-        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed)
+        """A sender publishing to ``queue`` through the default exchange on a confirm channel.
 
-    async def listener(self, queue: str, *, prefetch: int) -> RabbitListener:
+        Given a :class:`QueueSpec`, the queue is declared first (topology re-declared on every
+        reconnect: a broker whose data was wiped gets the queue back instead of returning
+        every message as unroutable).
+        """
+        redeclare = None
+        if isinstance(queue, QueueSpec):
+            spec = queue
+            await self.declare(spec)
+            queue = spec.name
+
+            async def redeclare() -> None:
+                await self.declare(spec)
+
+        channel = await self._channel(confirms=True)
+        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed, redeclare)
+
+    async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
         """A listener consuming ``queue`` with at most ``prefetch`` unsettled deliveries.
 
+        Given a :class:`QueueSpec`, the queue is declared (created if missing); given a name,
+        it must exist.
+
         Raises:
-            ChannelLost: the queue does not exist (NOT_FOUND).
+            ChannelLost: the queue does not exist (NOT_FOUND), or exists with other arguments
+                (PRECONDITION_FAILED).
         """
+        name = queue.name if isinstance(queue, QueueSpec) else queue
         channel = await self._channel(confirms=False)
-        with map_amqp_errors(f"consume {queue}"):
+        with map_amqp_errors(f"consume {name}"):
             await channel.set_qos(prefetch_count=prefetch)
-            amqp_queue = await channel.declare_queue(queue, passive=True)
+            if isinstance(queue, QueueSpec):
+                amqp_queue = await channel.declare_queue(name, durable=True, arguments=queue.arguments())
+            else:
+                amqp_queue = await channel.declare_queue(name, passive=True)
         listener = RabbitListener(channel, amqp_queue, self.url)
         await listener.start()
         return listener
@@ -190,7 +216,7 @@ class RabbitBroker:
             return self._connection
 
     async def sender(
-        self, queue: str, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
+        self, queue: str | QueueSpec, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
     ) -> RabbitSender:
         """A fresh sending leaf on the shared connection (a connector for reopen)."""
         connection = await self.connection()
@@ -198,7 +224,7 @@ class RabbitBroker:
             queue, confirm_timeout=confirm_timeout, max_unconfirmed=max_unconfirmed
         )
 
-    async def listener(self, queue: str, *, prefetch: int) -> RabbitListener:
+    async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
         """A fresh listening leaf on the shared connection (a connector for reopen)."""
         connection = await self.connection()
         return await connection.listener(queue, prefetch=prefetch)

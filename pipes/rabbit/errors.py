@@ -18,7 +18,7 @@ def map_amqp_errors(what: str) -> Iterator[None]:
     except PipeError:
         raise
     except amqp.PublishError as exc:
-        raise MessageRejected(f"{what}: returned as unroutable: {exc}") from exc
+        raise MessageRejected(f"{what}: returned as unroutable: {exc}", unroutable=True) from exc
     except amqp.DeliveryError as exc:
         raise MessageRejected(f"{what}: nacked by the broker: {exc}") from exc
     except amqp.ChannelInvalidStateError as exc:

@@ -62,6 +62,7 @@ class RabbitListener:
         self._callback: Callable[[Delivery[bytes]], Awaitable[None]] | None = None
         self._consumer_tag: str | None = None
         self._closed = False
+        self._cancelled = False
         self._broken: PipeBroken | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         channel.close_callbacks.add(self._on_channel_closed)
@@ -107,11 +108,24 @@ class RabbitListener:
         log.warning("pipe.rabbit.listener.broken", extra={"queue": self.queue, "error": repr(exc)})
         self._buffer.put_nowait(_CLOSED)
 
+    async def cancel(self) -> None:
+        """basic.cancel (waits for cancel-ok, 5 s at most); the channel stays open for settling."""
+        if self._cancelled or self._closed:
+            return
+        self._cancelled = True
+        if self._consumer_tag is not None and not self._channel.is_closed and self._broken is None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
+            self._consumer_tag = None
+        await asyncio.sleep(0)  # deliveries that preceded cancel-ok reach the buffer
+
     async def get(self, timeout: float) -> Delivery[bytes] | None:
         if self._closed:
             raise PipeClosed(f"listener on {self.queue} is closed")
         if self._buffer.empty() and self._broken is not None:
             raise self._broken
+        if self._cancelled:
+            timeout = 0.0  # nothing more will come
         item = await _take(self._buffer, timeout)
         if item is None:
             return None

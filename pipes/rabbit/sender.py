@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, final
 
 import aio_pika
@@ -27,7 +27,9 @@ class RabbitSender:
     At most ``max_unconfirmed`` messages are in flight; ``send`` waits for room (backpressure).
     A confirm that does not arrive within ``confirm_timeout`` (e.g. a memory alarm blocks the
     connection) breaks the sender: its messages stay in ``unconfirmed()``. A nack or an
-    unroutable return fails that message's confirmation with MessageRejected and keeps it too.
+    unroutable return fails that message's confirmation with MessageRejected and keeps it too;
+    after a return, ``redeclare`` (if given) is run once in the background, so a queue that
+    vanished with a broker's data is back when the message is sent again.
     """
 
     def __init__(
@@ -37,8 +39,11 @@ class RabbitSender:
         url: str,
         confirm_timeout: float,
         max_unconfirmed: int,
+        redeclare: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self._channel = channel
+        self._redeclare = redeclare
+        self._redeclaring: asyncio.Task[None] | None = None
         self._queue = queue
         self._url = url
         self._confirm_timeout = confirm_timeout
@@ -96,6 +101,8 @@ class RabbitSender:
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})
             _fail(confirmation, exc)
+            if exc.unroutable:
+                self._start_redeclare()
         except PipeError as exc:
             if self._broken is None:
                 self._broken = exc
@@ -122,6 +129,22 @@ class RabbitSender:
                 confirmation.set_result(None)
         finally:
             self._window.release()
+
+    def _start_redeclare(self) -> None:
+        if self._redeclare is None or self._closed:
+            return
+        if self._redeclaring is None or self._redeclaring.done():
+            self._redeclaring = asyncio.create_task(self._run_redeclare(self._redeclare))
+            self._tasks.add(self._redeclaring)
+            self._redeclaring.add_done_callback(self._tasks.discard)
+
+    async def _run_redeclare(self, redeclare: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await redeclare()
+        except PipeError as exc:
+            log.warning("pipe.rabbit.redeclare_failed", extra={"queue": self._queue, "error": str(exc)})
+        else:
+            log.warning("pipe.rabbit.redeclared", extra={"queue": self._queue, "broker": redact(self._url)})
 
     def unconfirmed(self) -> Sequence[bytes]:
         return [body for body, _ in self._pending.values()]

@@ -5,6 +5,7 @@ Messages shared by the truba control-plane services."""
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -15,6 +16,54 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _Preemption:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _PreemptionEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_Preemption.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    PREEMPTION_UNSPECIFIED: _Preemption.ValueType  # 0
+    """Graceful."""
+    PREEMPTION_GRACEFUL: _Preemption.ValueType  # 1
+    """A slot leaves the job when its running task ends (the default)."""
+    PREEMPTION_IMMEDIATE: _Preemption.ValueType  # 2
+    """The daemon interrupts the running task and returns it to its queue at once."""
+
+class Preemption(_Preemption, metaclass=_PreemptionEnumTypeWrapper):
+    """How a job's slots are taken away when the scheduler gives them to another job."""
+
+PREEMPTION_UNSPECIFIED: Preemption.ValueType  # 0
+"""Graceful."""
+PREEMPTION_GRACEFUL: Preemption.ValueType  # 1
+"""A slot leaves the job when its running task ends (the default)."""
+PREEMPTION_IMMEDIATE: Preemption.ValueType  # 2
+"""The daemon interrupts the running task and returns it to its queue at once."""
+Global___Preemption: _TypeAlias = Preemption  # noqa: Y015
+
+class _QueueType:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _QueueTypeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_QueueType.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    QUEUE_TYPE_UNSPECIFIED: _QueueType.ValueType  # 0
+    """Quorum."""
+    QUEUE_TYPE_QUORUM: _QueueType.ValueType  # 1
+    """Replicated, fsynced before the broker confirms; the default."""
+    QUEUE_TYPE_CLASSIC: _QueueType.ValueType  # 2
+    """Faster, not replicated; a broker crash may lose what it had not written out."""
+
+class QueueType(_QueueType, metaclass=_QueueTypeEnumTypeWrapper):
+    """The RabbitMQ queue type of a job's task and result queues."""
+
+QUEUE_TYPE_UNSPECIFIED: QueueType.ValueType  # 0
+"""Quorum."""
+QUEUE_TYPE_QUORUM: QueueType.ValueType  # 1
+"""Replicated, fsynced before the broker confirms; the default."""
+QUEUE_TYPE_CLASSIC: QueueType.ValueType  # 2
+"""Faster, not replicated; a broker crash may lose what it had not written out."""
+Global___QueueType: _TypeAlias = QueueType  # noqa: Y015
 
 @_typing.final
 class Broker(_message.Message):
@@ -68,3 +117,49 @@ class JobQueues(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___JobQueues: _TypeAlias = JobQueues  # noqa: Y015
+
+@_typing.final
+class JobSettings(_message.Message):
+    """A job's settings, fixed at creation (importance, which can change, lives in Job). Zero values
+    mean the documented default.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    MIN_SLOTS_FIELD_NUMBER: _builtins.int
+    MAX_SLOTS_FIELD_NUMBER: _builtins.int
+    PREEMPTION_FIELD_NUMBER: _builtins.int
+    TASK_TIMEOUT_FIELD_NUMBER: _builtins.int
+    MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
+    QUEUE_TYPE_FIELD_NUMBER: _builtins.int
+    PRIORITIES_FIELD_NUMBER: _builtins.int
+    min_slots: _builtins.int
+    """At least this many slots whenever the cluster has them (0: none guaranteed)."""
+    max_slots: _builtins.int
+    """At most this many slots (0: no limit)."""
+    preemption: Global___Preemption.ValueType
+    task_timeout: _builtins.float
+    """Seconds one attempt of a task may run before its slot is killed (0: no limit)."""
+    max_attempts: _builtins.int
+    """Attempts before a task is given up (0: the default, 3)."""
+    queue_type: Global___QueueType.ValueType
+    priorities: _builtins.bool
+    """Tasks carry a priority 0..9 (queues declared with x-max-priority); classic queues only."""
+    def __init__(
+        self,
+        *,
+        min_slots: _builtins.int = ...,
+        max_slots: _builtins.int = ...,
+        preemption: Global___Preemption.ValueType = ...,
+        task_timeout: _builtins.float = ...,
+        max_attempts: _builtins.int = ...,
+        queue_type: Global___QueueType.ValueType = ...,
+        priorities: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "task_timeout", b"task_timeout"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobSettings: _TypeAlias = JobSettings  # noqa: Y015

@@ -20,6 +20,110 @@ else:
 DESCRIPTOR: _descriptor.FileDescriptor
 
 @_typing.final
+class ListDaemonsRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDaemonsRequest: _TypeAlias = ListDaemonsRequest  # noqa: Y015
+
+@_typing.final
+class ListDaemonsResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMONS_FIELD_NUMBER: _builtins.int
+    @_builtins.property
+    def daemons(self) -> _containers.RepeatedCompositeFieldContainer[Global___DaemonInfo]: ...
+    def __init__(
+        self,
+        *,
+        daemons: _abc.Iterable[Global___DaemonInfo] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemons", b"daemons"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDaemonsResponse: _TypeAlias = ListDaemonsResponse  # noqa: Y015
+
+@_typing.final
+class DrainDaemonRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    daemon_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        daemon_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_id", b"daemon_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DrainDaemonRequest: _TypeAlias = DrainDaemonRequest  # noqa: Y015
+
+@_typing.final
+class DaemonInfo(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    HOSTNAME_FIELD_NUMBER: _builtins.int
+    PID_FIELD_NUMBER: _builtins.int
+    SLOTS_FIELD_NUMBER: _builtins.int
+    ALLOW_FIELD_NUMBER: _builtins.int
+    VERSION_FIELD_NUMBER: _builtins.int
+    ASSIGNED_FIELD_NUMBER: _builtins.int
+    STATS_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
+    LAST_SEEN_FIELD_NUMBER: _builtins.int
+    daemon_id: _builtins.str
+    hostname: _builtins.str
+    pid: _builtins.int
+    slots: _builtins.int
+    version: _builtins.str
+    draining: _builtins.bool
+    last_seen: _builtins.float
+    """Unix time of the last heartbeat, seconds."""
+    @_builtins.property
+    def allow(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    @_builtins.property
+    def assigned(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
+    @_builtins.property
+    def stats(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobStats]: ...
+    def __init__(
+        self,
+        *,
+        daemon_id: _builtins.str = ...,
+        hostname: _builtins.str = ...,
+        pid: _builtins.int = ...,
+        slots: _builtins.int = ...,
+        allow: _abc.Iterable[_builtins.str] | None = ...,
+        version: _builtins.str = ...,
+        assigned: _abc.Iterable[Global___JobSlots] | None = ...,
+        stats: _abc.Iterable[Global___JobStats] | None = ...,
+        draining: _builtins.bool = ...,
+        last_seen: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["allow", b"allow", "assigned", b"assigned", "daemon_id", b"daemon_id", "draining", b"draining", "hostname", b"hostname", "last_seen", b"last_seen", "pid", b"pid", "slots", b"slots", "stats", b"stats", "version", b"version"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DaemonInfo: _TypeAlias = DaemonInfo  # noqa: Y015
+
+@_typing.final
 class DaemonMessage(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
@@ -96,8 +200,11 @@ class Heartbeat(_message.Message):
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
+    DRAINING_FIELD_NUMBER: _builtins.int
     applied_version: _builtins.int
     """Assignment version the daemon has applied."""
+    draining: _builtins.bool
+    """The daemon takes no new tasks (it is draining for maintenance)."""
     @_builtins.property
     def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
     @_builtins.property
@@ -108,10 +215,11 @@ class Heartbeat(_message.Message):
         applied_version: _builtins.int = ...,
         running: _abc.Iterable[Global___JobSlots] | None = ...,
         stats: _abc.Iterable[Global___JobStats] | None = ...,
+        draining: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "running", b"running", "stats", b"stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "draining", b"draining", "running", b"running", "stats", b"stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -119,16 +227,26 @@ Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
 
 @_typing.final
 class JobStats(_message.Message):
+    """Counters of one job on one daemon since the daemon started (cumulative, so a lost heartbeat
+    loses nothing).
+    """
+
     DESCRIPTOR: _descriptor.Descriptor
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     DONE_FIELD_NUMBER: _builtins.int
     FAILED_FIELD_NUMBER: _builtins.int
     BUSY_SLOTS_FIELD_NUMBER: _builtins.int
+    SERVICE_TIME_FIELD_NUMBER: _builtins.int
+    WAITING_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     done: _builtins.int
     failed: _builtins.int
     busy_slots: _builtins.int
+    service_time: _builtins.float
+    """Moving average of a task's run time on this daemon, seconds (0: none finished yet)."""
+    waiting: _builtins.int
+    """Deliveries held and not yet running."""
     def __init__(
         self,
         *,
@@ -136,10 +254,12 @@ class JobStats(_message.Message):
         done: _builtins.int = ...,
         failed: _builtins.int = ...,
         busy_slots: _builtins.int = ...,
+        service_time: _builtins.float = ...,
+        waiting: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_slots", b"busy_slots", "done", b"done", "failed", b"failed", "job_id", b"job_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["busy_slots", b"busy_slots", "done", b"done", "failed", b"failed", "job_id", b"job_id", "service_time", b"service_time", "waiting", b"waiting"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -151,25 +271,46 @@ class SchedulerMessage(_message.Message):
 
     WELCOME_FIELD_NUMBER: _builtins.int
     ASSIGNMENT_FIELD_NUMBER: _builtins.int
+    DRAIN_FIELD_NUMBER: _builtins.int
     @_builtins.property
     def welcome(self) -> Global___Welcome: ...
     @_builtins.property
     def assignment(self) -> Global___Assignment: ...
+    @_builtins.property
+    def drain(self) -> Global___Drain: ...
     def __init__(
         self,
         *,
         welcome: Global___Welcome | None = ...,
         assignment: Global___Assignment | None = ...,
+        drain: Global___Drain | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "welcome", b"welcome"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "drain", b"drain", "kind", b"kind", "welcome", b"welcome"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "kind", b"kind", "welcome", b"welcome"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignment", b"assignment", "drain", b"drain", "kind", b"kind", "welcome", b"welcome"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "assignment"]  # noqa: Y015
+    _WhichOneofReturnType_kind: _TypeAlias = _typing.Literal["welcome", "assignment", "drain"]  # noqa: Y015
     _WhichOneofArgType_kind: _TypeAlias = _typing.Literal["kind", b"kind"]  # noqa: Y015
     def WhichOneof(self, oneof_group: _WhichOneofArgType_kind) -> _WhichOneofReturnType_kind | None: ...
 
 Global___SchedulerMessage: _TypeAlias = SchedulerMessage  # noqa: Y015
+
+@_typing.final
+class Drain(_message.Message):
+    """Finish the running tasks, take no new ones, then disconnect and exit."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Drain: _TypeAlias = Drain  # noqa: Y015
 
 @_typing.final
 class Welcome(_message.Message):
@@ -228,11 +369,14 @@ class JobSlots(_message.Message):
     HANDLER_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
     QUEUES_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     handler: _builtins.str
     slots: _builtins.int
     @_builtins.property
     def queues(self) -> _common_pb2.JobQueues: ...
+    @_builtins.property
+    def settings(self) -> _common_pb2.JobSettings: ...
     def __init__(
         self,
         *,
@@ -240,10 +384,11 @@ class JobSlots(_message.Message):
         handler: _builtins.str = ...,
         slots: _builtins.int = ...,
         queues: _common_pb2.JobQueues | None = ...,
+        settings: _common_pb2.JobSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues", "settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler", b"handler", "job_id", b"job_id", "queues", b"queues", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler", b"handler", "job_id", b"job_id", "queues", b"queues", "settings", b"settings", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

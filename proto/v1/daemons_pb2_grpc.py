@@ -39,6 +39,16 @@ class DaemonServiceStub:
                 request_serializer=truba_dot_v1_dot_daemons__pb2.DaemonMessage.SerializeToString,
                 response_deserializer=truba_dot_v1_dot_daemons__pb2.SchedulerMessage.FromString,
                 _registered_method=True)
+        self.ListDaemons = channel.unary_unary(
+                '/truba.v1.DaemonService/ListDaemons',
+                request_serializer=truba_dot_v1_dot_daemons__pb2.ListDaemonsRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_daemons__pb2.ListDaemonsResponse.FromString,
+                _registered_method=True)
+        self.DrainDaemon = channel.unary_unary(
+                '/truba.v1.DaemonService/DrainDaemon',
+                request_serializer=truba_dot_v1_dot_daemons__pb2.DrainDaemonRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_daemons__pb2.DaemonInfo.FromString,
+                _registered_method=True)
 
 
 class DaemonServiceServicer:
@@ -53,6 +63,20 @@ class DaemonServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDaemons(self, request, context):
+        """The connected daemons and what they run.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DrainDaemon(self, request, context):
+        """Tells a daemon to finish what it runs, take nothing new and exit (for maintenance).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_DaemonServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -60,6 +84,16 @@ def add_DaemonServiceServicer_to_server(servicer, server):
                     servicer.Connect,
                     request_deserializer=truba_dot_v1_dot_daemons__pb2.DaemonMessage.FromString,
                     response_serializer=truba_dot_v1_dot_daemons__pb2.SchedulerMessage.SerializeToString,
+            ),
+            'ListDaemons': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDaemons,
+                    request_deserializer=truba_dot_v1_dot_daemons__pb2.ListDaemonsRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_daemons__pb2.ListDaemonsResponse.SerializeToString,
+            ),
+            'DrainDaemon': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainDaemon,
+                    request_deserializer=truba_dot_v1_dot_daemons__pb2.DrainDaemonRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_daemons__pb2.DaemonInfo.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -89,6 +123,60 @@ class DaemonService:
             '/truba.v1.DaemonService/Connect',
             truba_dot_v1_dot_daemons__pb2.DaemonMessage.SerializeToString,
             truba_dot_v1_dot_daemons__pb2.SchedulerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDaemons(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.DaemonService/ListDaemons',
+            truba_dot_v1_dot_daemons__pb2.ListDaemonsRequest.SerializeToString,
+            truba_dot_v1_dot_daemons__pb2.ListDaemonsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainDaemon(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.DaemonService/DrainDaemon',
+            truba_dot_v1_dot_daemons__pb2.DrainDaemonRequest.SerializeToString,
+            truba_dot_v1_dot_daemons__pb2.DaemonInfo.FromString,
             options,
             channel_credentials,
             insecure,

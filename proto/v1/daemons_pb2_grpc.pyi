@@ -36,6 +36,10 @@ class DaemonServiceStub:
     Assignment whenever the daemon's share changes (and repeats it on every heartbeat answer
     where it differs from what the daemon reports).
     """
+    ListDaemons: _grpc.UnaryUnaryMultiCallable[_daemons_pb2.ListDaemonsRequest, _daemons_pb2.ListDaemonsResponse]
+    """The connected daemons and what they run."""
+    DrainDaemon: _grpc.UnaryUnaryMultiCallable[_daemons_pb2.DrainDaemonRequest, _daemons_pb2.DaemonInfo]
+    """Tells a daemon to finish what it runs, take nothing new and exit (for maintenance)."""
 
 @_typing.type_check_only
 class DaemonServiceAsyncStub(DaemonServiceStub):
@@ -45,6 +49,10 @@ class DaemonServiceAsyncStub(DaemonServiceStub):
     Assignment whenever the daemon's share changes (and repeats it on every heartbeat answer
     where it differs from what the daemon reports).
     """
+    ListDaemons: _aio.UnaryUnaryMultiCallable[_daemons_pb2.ListDaemonsRequest, _daemons_pb2.ListDaemonsResponse]  # type: ignore[assignment]
+    """The connected daemons and what they run."""
+    DrainDaemon: _aio.UnaryUnaryMultiCallable[_daemons_pb2.DrainDaemonRequest, _daemons_pb2.DaemonInfo]  # type: ignore[assignment]
+    """Tells a daemon to finish what it runs, take nothing new and exit (for maintenance)."""
 
 class DaemonServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -57,5 +65,21 @@ class DaemonServiceServicer(metaclass=_abc_1.ABCMeta):
         Assignment whenever the daemon's share changes (and repeats it on every heartbeat answer
         where it differs from what the daemon reports).
         """
+
+    @_abc_1.abstractmethod
+    def ListDaemons(
+        self,
+        request: _daemons_pb2.ListDaemonsRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_daemons_pb2.ListDaemonsResponse, _abc.Awaitable[_daemons_pb2.ListDaemonsResponse]]:
+        """The connected daemons and what they run."""
+
+    @_abc_1.abstractmethod
+    def DrainDaemon(
+        self,
+        request: _daemons_pb2.DrainDaemonRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_daemons_pb2.DaemonInfo, _abc.Awaitable[_daemons_pb2.DaemonInfo]]:
+        """Tells a daemon to finish what it runs, take nothing new and exit (for maintenance)."""
 
 def add_DaemonServiceServicer_to_server(servicer: DaemonServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -25,37 +25,51 @@ _sym_db = _symbol_database.Default()
 from truba.proto.v1 import common_pb2 as truba_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13truba/v1/jobs.proto\x12\x08truba.v1\x1a\x15truba/v1/common.proto\"\x84\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\x12\n\nimportance\x18\x03 \x01(\x01\x12!\n\x05state\x18\x04 \x01(\x0e\x32\x12.truba.v1.JobState\x12#\n\x06queues\x18\x05 \x01(\x0b\x32\x13.truba.v1.JobQueues\x12\x11\n\tsubmitted\x18\x06 \x01(\x04\x12\x16\n\x0e\x61ssigned_slots\x18\x07 \x01(\r\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x11\n\tclosed_at\x18\t \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\n \x01(\x01\x12\x0f\n\x07problem\x18\x0b \x01(\t\x12\x0c\n\x04name\x18\x0c \x01(\t\"E\n\x10\x43reateJobRequest\x12\x0f\n\x07handler\x18\x01 \x01(\t\x12\x12\n\nimportance\x18\x02 \x01(\x01\x12\x0c\n\x04name\x18\x03 \x01(\t\"R\n\x11\x43reateJobResponse\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.truba.v1.Job\x12!\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x10.truba.v1.Broker\"4\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tsubmitted\x18\x02 \x01(\x04\"\"\n\x10\x46inishJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x0fListJobsRequest\x12\x14\n\x0cinclude_done\x18\x01 \x01(\x08\"/\n\x10ListJobsResponse\x12\x1b\n\x04jobs\x18\x01 \x03(\x0b\x32\r.truba.v1.Job\"\x17\n\x15GetClusterInfoRequest\"P\n\x0b\x43lusterInfo\x12!\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x10.truba.v1.Broker\x12\x0f\n\x07\x64\x61\x65mons\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r*\x80\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_STATE_OPEN\x10\x01\x12\x14\n\x10JOB_STATE_CLOSED\x10\x02\x12\x16\n\x12JOB_STATE_FINISHED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04\x32\xb7\x03\n\nJobService\x12\x44\n\tCreateJob\x12\x1a.truba.v1.CreateJobRequest\x1a\x1b.truba.v1.CreateJobResponse\x12\x34\n\x08\x43loseJob\x12\x19.truba.v1.CloseJobRequest\x1a\r.truba.v1.Job\x12\x36\n\tFinishJob\x12\x1a.truba.v1.FinishJobRequest\x1a\r.truba.v1.Job\x12\x36\n\tCancelJob\x12\x1a.truba.v1.CancelJobRequest\x1a\r.truba.v1.Job\x12\x30\n\x06GetJob\x12\x17.truba.v1.GetJobRequest\x1a\r.truba.v1.Job\x12\x41\n\x08ListJobs\x12\x19.truba.v1.ListJobsRequest\x1a\x1a.truba.v1.ListJobsResponse\x12H\n\x0eGetClusterInfo\x12\x1f.truba.v1.GetClusterInfoRequest\x1a\x15.truba.v1.ClusterInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x13truba/v1/jobs.proto\x12\x08truba.v1\x1a\x15truba/v1/common.proto\"\xe6\x02\n\x03Job\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\x12\n\nimportance\x18\x03 \x01(\x01\x12!\n\x05state\x18\x04 \x01(\x0e\x32\x12.truba.v1.JobState\x12#\n\x06queues\x18\x05 \x01(\x0b\x32\x13.truba.v1.JobQueues\x12\x11\n\tsubmitted\x18\x06 \x01(\x04\x12\x16\n\x0e\x61ssigned_slots\x18\x07 \x01(\r\x12\x12\n\ncreated_at\x18\x08 \x01(\x01\x12\x11\n\tclosed_at\x18\t \x01(\x01\x12\x13\n\x0b\x66inished_at\x18\n \x01(\x01\x12\x0f\n\x07problem\x18\x0b \x01(\t\x12\x0c\n\x04name\x18\x0c \x01(\t\x12\'\n\x08settings\x18\r \x01(\x0b\x32\x15.truba.v1.JobSettings\x12#\n\x06\x63ounts\x18\x0e \x01(\x0b\x32\x13.truba.v1.JobCounts\x12\x12\n\nfair_share\x18\x0f \x01(\x01\"t\n\tJobCounts\x12\x11\n\tsubmitted\x18\x01 \x01(\x04\x12\x0c\n\x04\x64one\x18\x02 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x04\x12\x0f\n\x07running\x18\x04 \x01(\r\x12\x0f\n\x07\x62\x61\x63klog\x18\x05 \x01(\x04\x12\x14\n\x0cservice_time\x18\x06 \x01(\x01\":\n\x14SetImportanceRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x12\n\nimportance\x18\x02 \x01(\x01\"!\n\x0fWatchJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"X\n\x08JobEvent\x12$\n\x04kind\x18\x01 \x01(\x0e\x32\x16.truba.v1.JobEventKind\x12\x1a\n\x03job\x18\x02 \x01(\x0b\x32\r.truba.v1.Job\x12\n\n\x02\x61t\x18\x03 \x01(\x01\"L\n\x15ReportProgressRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tsubmitted\x18\x02 \x01(\x04\x12\x10\n\x08received\x18\x03 \x01(\x04\"\x18\n\x16ReportProgressResponse\"n\n\x10\x43reateJobRequest\x12\x0f\n\x07handler\x18\x01 \x01(\t\x12\x12\n\nimportance\x18\x02 \x01(\x01\x12\x0c\n\x04name\x18\x03 \x01(\t\x12\'\n\x08settings\x18\x04 \x01(\x0b\x32\x15.truba.v1.JobSettings\"R\n\x11\x43reateJobResponse\x12\x1a\n\x03job\x18\x01 \x01(\x0b\x32\r.truba.v1.Job\x12!\n\x07\x62rokers\x18\x02 \x03(\x0b\x32\x10.truba.v1.Broker\"4\n\x0f\x43loseJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x11\n\tsubmitted\x18\x02 \x01(\x04\"\"\n\x10\x46inishJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\"\n\x10\x43\x61ncelJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\x1f\n\rGetJobRequest\x12\x0e\n\x06job_id\x18\x01 \x01(\t\"\'\n\x0fListJobsRequest\x12\x14\n\x0cinclude_done\x18\x01 \x01(\x08\"/\n\x10ListJobsResponse\x12\x1b\n\x04jobs\x18\x01 \x03(\x0b\x32\r.truba.v1.Job\"\x17\n\x15GetClusterInfoRequest\"P\n\x0b\x43lusterInfo\x12!\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x10.truba.v1.Broker\x12\x0f\n\x07\x64\x61\x65mons\x18\x02 \x01(\r\x12\r\n\x05slots\x18\x03 \x01(\r*\x80\x01\n\x08JobState\x12\x19\n\x15JOB_STATE_UNSPECIFIED\x10\x00\x12\x12\n\x0eJOB_STATE_OPEN\x10\x01\x12\x14\n\x10JOB_STATE_CLOSED\x10\x02\x12\x16\n\x12JOB_STATE_FINISHED\x10\x03\x12\x17\n\x13JOB_STATE_CANCELLED\x10\x04*\xbb\x01\n\x0cJobEventKind\x12\x1e\n\x1aJOB_EVENT_KIND_UNSPECIFIED\x10\x00\x12\x1b\n\x17JOB_EVENT_KIND_SNAPSHOT\x10\x01\x12\x18\n\x14JOB_EVENT_KIND_STATE\x10\x02\x12\x18\n\x14JOB_EVENT_KIND_SLOTS\x10\x03\x12\x1d\n\x19JOB_EVENT_KIND_IMPORTANCE\x10\x04\x12\x1b\n\x17JOB_EVENT_KIND_PROGRESS\x10\x05\x32\x89\x05\n\nJobService\x12\x44\n\tCreateJob\x12\x1a.truba.v1.CreateJobRequest\x1a\x1b.truba.v1.CreateJobResponse\x12\x34\n\x08\x43loseJob\x12\x19.truba.v1.CloseJobRequest\x1a\r.truba.v1.Job\x12\x36\n\tFinishJob\x12\x1a.truba.v1.FinishJobRequest\x1a\r.truba.v1.Job\x12\x36\n\tCancelJob\x12\x1a.truba.v1.CancelJobRequest\x1a\r.truba.v1.Job\x12\x30\n\x06GetJob\x12\x17.truba.v1.GetJobRequest\x1a\r.truba.v1.Job\x12\x41\n\x08ListJobs\x12\x19.truba.v1.ListJobsRequest\x1a\x1a.truba.v1.ListJobsResponse\x12>\n\rSetImportance\x12\x1e.truba.v1.SetImportanceRequest\x1a\r.truba.v1.Job\x12;\n\x08WatchJob\x12\x19.truba.v1.WatchJobRequest\x1a\x12.truba.v1.JobEvent0\x01\x12S\n\x0eReportProgress\x12\x1f.truba.v1.ReportProgressRequest\x1a .truba.v1.ReportProgressResponse\x12H\n\x0eGetClusterInfo\x12\x1f.truba.v1.GetClusterInfoRequest\x1a\x15.truba.v1.ClusterInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'truba.v1.jobs_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_JOBSTATE']._serialized_start=831
-  _globals['_JOBSTATE']._serialized_end=959
+  _globals['_JOBSTATE']._serialized_start=1377
+  _globals['_JOBSTATE']._serialized_end=1505
+  _globals['_JOBEVENTKIND']._serialized_start=1508
+  _globals['_JOBEVENTKIND']._serialized_end=1695
   _globals['_JOB']._serialized_start=57
-  _globals['_JOB']._serialized_end=317
-  _globals['_CREATEJOBREQUEST']._serialized_start=319
-  _globals['_CREATEJOBREQUEST']._serialized_end=388
-  _globals['_CREATEJOBRESPONSE']._serialized_start=390
-  _globals['_CREATEJOBRESPONSE']._serialized_end=472
-  _globals['_CLOSEJOBREQUEST']._serialized_start=474
-  _globals['_CLOSEJOBREQUEST']._serialized_end=526
-  _globals['_FINISHJOBREQUEST']._serialized_start=528
-  _globals['_FINISHJOBREQUEST']._serialized_end=562
-  _globals['_CANCELJOBREQUEST']._serialized_start=564
-  _globals['_CANCELJOBREQUEST']._serialized_end=598
-  _globals['_GETJOBREQUEST']._serialized_start=600
-  _globals['_GETJOBREQUEST']._serialized_end=631
-  _globals['_LISTJOBSREQUEST']._serialized_start=633
-  _globals['_LISTJOBSREQUEST']._serialized_end=672
-  _globals['_LISTJOBSRESPONSE']._serialized_start=674
-  _globals['_LISTJOBSRESPONSE']._serialized_end=721
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=723
-  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=746
-  _globals['_CLUSTERINFO']._serialized_start=748
-  _globals['_CLUSTERINFO']._serialized_end=828
-  _globals['_JOBSERVICE']._serialized_start=962
-  _globals['_JOBSERVICE']._serialized_end=1401
+  _globals['_JOB']._serialized_end=415
+  _globals['_JOBCOUNTS']._serialized_start=417
+  _globals['_JOBCOUNTS']._serialized_end=533
+  _globals['_SETIMPORTANCEREQUEST']._serialized_start=535
+  _globals['_SETIMPORTANCEREQUEST']._serialized_end=593
+  _globals['_WATCHJOBREQUEST']._serialized_start=595
+  _globals['_WATCHJOBREQUEST']._serialized_end=628
+  _globals['_JOBEVENT']._serialized_start=630
+  _globals['_JOBEVENT']._serialized_end=718
+  _globals['_REPORTPROGRESSREQUEST']._serialized_start=720
+  _globals['_REPORTPROGRESSREQUEST']._serialized_end=796
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_start=798
+  _globals['_REPORTPROGRESSRESPONSE']._serialized_end=822
+  _globals['_CREATEJOBREQUEST']._serialized_start=824
+  _globals['_CREATEJOBREQUEST']._serialized_end=934
+  _globals['_CREATEJOBRESPONSE']._serialized_start=936
+  _globals['_CREATEJOBRESPONSE']._serialized_end=1018
+  _globals['_CLOSEJOBREQUEST']._serialized_start=1020
+  _globals['_CLOSEJOBREQUEST']._serialized_end=1072
+  _globals['_FINISHJOBREQUEST']._serialized_start=1074
+  _globals['_FINISHJOBREQUEST']._serialized_end=1108
+  _globals['_CANCELJOBREQUEST']._serialized_start=1110
+  _globals['_CANCELJOBREQUEST']._serialized_end=1144
+  _globals['_GETJOBREQUEST']._serialized_start=1146
+  _globals['_GETJOBREQUEST']._serialized_end=1177
+  _globals['_LISTJOBSREQUEST']._serialized_start=1179
+  _globals['_LISTJOBSREQUEST']._serialized_end=1218
+  _globals['_LISTJOBSRESPONSE']._serialized_start=1220
+  _globals['_LISTJOBSRESPONSE']._serialized_end=1267
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_start=1269
+  _globals['_GETCLUSTERINFOREQUEST']._serialized_end=1292
+  _globals['_CLUSTERINFO']._serialized_start=1294
+  _globals['_CLUSTERINFO']._serialized_end=1374
+  _globals['_JOBSERVICE']._serialized_start=1698
+  _globals['_JOBSERVICE']._serialized_end=2347
 # @@protoc_insertion_point(module_scope)

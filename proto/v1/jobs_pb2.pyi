@@ -49,6 +49,31 @@ JOB_STATE_CANCELLED: JobState.ValueType  # 4
 """Cancelled by a client; queues deleted."""
 Global___JobState: _TypeAlias = JobState  # noqa: Y015
 
+class _JobEventKind:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _JobEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEventKind.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    JOB_EVENT_KIND_UNSPECIFIED: _JobEventKind.ValueType  # 0
+    JOB_EVENT_KIND_SNAPSHOT: _JobEventKind.ValueType  # 1
+    """The first event of every watch: the job as it is."""
+    JOB_EVENT_KIND_STATE: _JobEventKind.ValueType  # 2
+    JOB_EVENT_KIND_SLOTS: _JobEventKind.ValueType  # 3
+    JOB_EVENT_KIND_IMPORTANCE: _JobEventKind.ValueType  # 4
+    JOB_EVENT_KIND_PROGRESS: _JobEventKind.ValueType  # 5
+
+class JobEventKind(_JobEventKind, metaclass=_JobEventKindEnumTypeWrapper): ...
+
+JOB_EVENT_KIND_UNSPECIFIED: JobEventKind.ValueType  # 0
+JOB_EVENT_KIND_SNAPSHOT: JobEventKind.ValueType  # 1
+"""The first event of every watch: the job as it is."""
+JOB_EVENT_KIND_STATE: JobEventKind.ValueType  # 2
+JOB_EVENT_KIND_SLOTS: JobEventKind.ValueType  # 3
+JOB_EVENT_KIND_IMPORTANCE: JobEventKind.ValueType  # 4
+JOB_EVENT_KIND_PROGRESS: JobEventKind.ValueType  # 5
+Global___JobEventKind: _TypeAlias = JobEventKind  # noqa: Y015
+
 @_typing.final
 class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -65,6 +90,9 @@ class Job(_message.Message):
     FINISHED_AT_FIELD_NUMBER: _builtins.int
     PROBLEM_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
+    COUNTS_FIELD_NUMBER: _builtins.int
+    FAIR_SHARE_FIELD_NUMBER: _builtins.int
     id: _builtins.str
     handler: _builtins.str
     importance: _builtins.float
@@ -81,8 +109,14 @@ class Job(_message.Message):
     """Why the job cannot run, if the scheduler knows (e.g. no daemon allows its handler)."""
     name: _builtins.str
     """Human name given at creation (CreateJobRequest.name); may be empty."""
+    fair_share: _builtins.float
+    """Slots the job should hold now by weighted fair share (fractional)."""
     @_builtins.property
     def queues(self) -> _common_pb2.JobQueues: ...
+    @_builtins.property
+    def settings(self) -> _common_pb2.JobSettings: ...
+    @_builtins.property
+    def counts(self) -> Global___JobCounts: ...
     def __init__(
         self,
         *,
@@ -98,14 +132,168 @@ class Job(_message.Message):
         finished_at: _builtins.float = ...,
         problem: _builtins.str = ...,
         name: _builtins.str = ...,
+        settings: _common_pb2.JobSettings | None = ...,
+        counts: Global___JobCounts | None = ...,
+        fair_share: _builtins.float = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _typing.Literal["queues", b"queues"]  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "queues", b"queues", "settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_slots", b"assigned_slots", "closed_at", b"closed_at", "created_at", b"created_at", "finished_at", b"finished_at", "handler", b"handler", "id", b"id", "importance", b"importance", "name", b"name", "problem", b"problem", "queues", b"queues", "state", b"state", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assigned_slots", b"assigned_slots", "closed_at", b"closed_at", "counts", b"counts", "created_at", b"created_at", "fair_share", b"fair_share", "finished_at", b"finished_at", "handler", b"handler", "id", b"id", "importance", b"importance", "name", b"name", "problem", b"problem", "queues", b"queues", "settings", b"settings", "state", b"state", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Job: _TypeAlias = Job  # noqa: Y015
+
+@_typing.final
+class JobCounts(_message.Message):
+    """What the scheduler knows of a job's tasks, from client and daemon reports."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    SUBMITTED_FIELD_NUMBER: _builtins.int
+    DONE_FIELD_NUMBER: _builtins.int
+    FAILED_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    BACKLOG_FIELD_NUMBER: _builtins.int
+    SERVICE_TIME_FIELD_NUMBER: _builtins.int
+    submitted: _builtins.int
+    """Submitted so far, as the client reports it."""
+    done: _builtins.int
+    """Attempts that ended with a result or an error, as daemons report them."""
+    failed: _builtins.int
+    running: _builtins.int
+    """Tasks running on a slot now."""
+    backlog: _builtins.int
+    """Submitted and not yet run (an estimate: submitted - done - failed - running)."""
+    service_time: _builtins.float
+    """Seconds a task takes, moving average over daemons' reports (0: unknown)."""
+    def __init__(
+        self,
+        *,
+        submitted: _builtins.int = ...,
+        done: _builtins.int = ...,
+        failed: _builtins.int = ...,
+        running: _builtins.int = ...,
+        backlog: _builtins.int = ...,
+        service_time: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "done", b"done", "failed", b"failed", "running", b"running", "service_time", b"service_time", "submitted", b"submitted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobCounts: _TypeAlias = JobCounts  # noqa: Y015
+
+@_typing.final
+class SetImportanceRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    IMPORTANCE_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    importance: _builtins.float
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        importance: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["importance", b"importance", "job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___SetImportanceRequest: _TypeAlias = SetImportanceRequest  # noqa: Y015
+
+@_typing.final
+class WatchJobRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___WatchJobRequest: _TypeAlias = WatchJobRequest  # noqa: Y015
+
+@_typing.final
+class JobEvent(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    KIND_FIELD_NUMBER: _builtins.int
+    JOB_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    kind: Global___JobEventKind.ValueType
+    at: _builtins.float
+    """Unix time, seconds."""
+    @_builtins.property
+    def job(self) -> Global___Job: ...
+    def __init__(
+        self,
+        *,
+        kind: Global___JobEventKind.ValueType = ...,
+        job: Global___Job | None = ...,
+        at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["job", b"job"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job", b"job", "kind", b"kind"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___JobEvent: _TypeAlias = JobEvent  # noqa: Y015
+
+@_typing.final
+class ReportProgressRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SUBMITTED_FIELD_NUMBER: _builtins.int
+    RECEIVED_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    submitted: _builtins.int
+    """Tasks submitted so far (monotonic; a smaller value than the last is ignored)."""
+    received: _builtins.int
+    """Outcomes the client has taken so far."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        submitted: _builtins.int = ...,
+        received: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "received", b"received", "submitted", b"submitted"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportProgressRequest: _TypeAlias = ReportProgressRequest  # noqa: Y015
+
+@_typing.final
+class ReportProgressResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    def __init__(
+        self,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ReportProgressResponse: _TypeAlias = ReportProgressResponse  # noqa: Y015
 
 @_typing.final
 class CreateJobRequest(_message.Message):
@@ -114,22 +302,26 @@ class CreateJobRequest(_message.Message):
     HANDLER_FIELD_NUMBER: _builtins.int
     IMPORTANCE_FIELD_NUMBER: _builtins.int
     NAME_FIELD_NUMBER: _builtins.int
+    SETTINGS_FIELD_NUMBER: _builtins.int
     handler: _builtins.str
     """"package.module:function", imported by daemons whose --allow patterns match it."""
     importance: _builtins.float
     """Relative weight of the job's share of the cluster; > 0."""
     name: _builtins.str
     """Optional human name shown in listings."""
+    @_builtins.property
+    def settings(self) -> _common_pb2.JobSettings: ...
     def __init__(
         self,
         *,
         handler: _builtins.str = ...,
         importance: _builtins.float = ...,
         name: _builtins.str = ...,
+        settings: _common_pb2.JobSettings | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["settings", b"settings"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler", b"handler", "importance", b"importance", "name", b"name"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["handler", b"handler", "importance", b"importance", "name", b"name", "settings", b"settings"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

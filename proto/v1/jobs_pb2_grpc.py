@@ -64,6 +64,21 @@ class JobServiceStub:
                 request_serializer=truba_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
                 response_deserializer=truba_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
                 _registered_method=True)
+        self.SetImportance = channel.unary_unary(
+                '/truba.v1.JobService/SetImportance',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.SetImportanceRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.Job.FromString,
+                _registered_method=True)
+        self.WatchJob = channel.unary_stream(
+                '/truba.v1.JobService/WatchJob',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.JobEvent.FromString,
+                _registered_method=True)
+        self.ReportProgress = channel.unary_unary(
+                '/truba.v1.JobService/ReportProgress',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.ReportProgressRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.ReportProgressResponse.FromString,
+                _registered_method=True)
         self.GetClusterInfo = channel.unary_unary(
                 '/truba.v1.JobService/GetClusterInfo',
                 request_serializer=truba_dot_v1_dot_jobs__pb2.GetClusterInfoRequest.SerializeToString,
@@ -114,6 +129,27 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetImportance(self, request, context):
+        """Changes a running job's weight in the fair share; slots move at once.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchJob(self, request, context):
+        """The job now, then an event on every change of state, slots or counts, until it ends.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReportProgress(self, request, context):
+        """Task counters from the submitting client; they feed the job's demand.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetClusterInfo(self, request, context):
         """What a client needs to reach the data plane.
         """
@@ -153,6 +189,21 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.ListJobs,
                     request_deserializer=truba_dot_v1_dot_jobs__pb2.ListJobsRequest.FromString,
                     response_serializer=truba_dot_v1_dot_jobs__pb2.ListJobsResponse.SerializeToString,
+            ),
+            'SetImportance': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetImportance,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.SetImportanceRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.Job.SerializeToString,
+            ),
+            'WatchJob': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchJob,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.WatchJobRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.JobEvent.SerializeToString,
+            ),
+            'ReportProgress': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportProgress,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.ReportProgressRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.ReportProgressResponse.SerializeToString,
             ),
             'GetClusterInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetClusterInfo,
@@ -322,6 +373,87 @@ class JobService:
             '/truba.v1.JobService/ListJobs',
             truba_dot_v1_dot_jobs__pb2.ListJobsRequest.SerializeToString,
             truba_dot_v1_dot_jobs__pb2.ListJobsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetImportance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/SetImportance',
+            truba_dot_v1_dot_jobs__pb2.SetImportanceRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.Job.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchJob(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/truba.v1.JobService/WatchJob',
+            truba_dot_v1_dot_jobs__pb2.WatchJobRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.JobEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportProgress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/ReportProgress',
+            truba_dot_v1_dot_jobs__pb2.ReportProgressRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.ReportProgressResponse.FromString,
             options,
             channel_credentials,
             insecure,

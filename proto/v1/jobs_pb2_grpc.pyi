@@ -41,6 +41,12 @@ class JobServiceStub:
     """Stops the job at once and deletes its queues; pending tasks get no outcome."""
     GetJob: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetJobRequest, _jobs_pb2.Job]
     ListJobs: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]
+    SetImportance: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.SetImportanceRequest, _jobs_pb2.Job]
+    """Changes a running job's weight in the fair share; slots move at once."""
+    WatchJob: _grpc.UnaryStreamMultiCallable[_jobs_pb2.WatchJobRequest, _jobs_pb2.JobEvent]
+    """The job now, then an event on every change of state, slots or counts, until it ends."""
+    ReportProgress: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ReportProgressRequest, _jobs_pb2.ReportProgressResponse]
+    """Task counters from the submitting client; they feed the job's demand."""
     GetClusterInfo: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetClusterInfoRequest, _jobs_pb2.ClusterInfo]
     """What a client needs to reach the data plane."""
 
@@ -57,6 +63,12 @@ class JobServiceAsyncStub(JobServiceStub):
     """Stops the job at once and deletes its queues; pending tasks get no outcome."""
     GetJob: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetJobRequest, _jobs_pb2.Job]  # type: ignore[assignment]
     ListJobs: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListJobsRequest, _jobs_pb2.ListJobsResponse]  # type: ignore[assignment]
+    SetImportance: _aio.UnaryUnaryMultiCallable[_jobs_pb2.SetImportanceRequest, _jobs_pb2.Job]  # type: ignore[assignment]
+    """Changes a running job's weight in the fair share; slots move at once."""
+    WatchJob: _aio.UnaryStreamMultiCallable[_jobs_pb2.WatchJobRequest, _jobs_pb2.JobEvent]  # type: ignore[assignment]
+    """The job now, then an event on every change of state, slots or counts, until it ends."""
+    ReportProgress: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ReportProgressRequest, _jobs_pb2.ReportProgressResponse]  # type: ignore[assignment]
+    """Task counters from the submitting client; they feed the job's demand."""
     GetClusterInfo: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetClusterInfoRequest, _jobs_pb2.ClusterInfo]  # type: ignore[assignment]
     """What a client needs to reach the data plane."""
 
@@ -106,6 +118,30 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _jobs_pb2.ListJobsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.ListJobsResponse, _abc.Awaitable[_jobs_pb2.ListJobsResponse]]: ...
+
+    @_abc_1.abstractmethod
+    def SetImportance(
+        self,
+        request: _jobs_pb2.SetImportanceRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.Job, _abc.Awaitable[_jobs_pb2.Job]]:
+        """Changes a running job's weight in the fair share; slots move at once."""
+
+    @_abc_1.abstractmethod
+    def WatchJob(
+        self,
+        request: _jobs_pb2.WatchJobRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_abc.Iterator[_jobs_pb2.JobEvent], _abc.AsyncIterator[_jobs_pb2.JobEvent]]:
+        """The job now, then an event on every change of state, slots or counts, until it ends."""
+
+    @_abc_1.abstractmethod
+    def ReportProgress(
+        self,
+        request: _jobs_pb2.ReportProgressRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ReportProgressResponse, _abc.Awaitable[_jobs_pb2.ReportProgressResponse]]:
+        """Task counters from the submitting client; they feed the job's demand."""
 
     @_abc_1.abstractmethod
     def GetClusterInfo(

@@ -39,6 +39,13 @@ async def _declare(urls: Sequence[str], queue: str, kind: str = "quorum") -> Non
         await connection.close()
 
 
+async def _delete(urls: Sequence[str], queue: str) -> None:
+    for url in urls:
+        connection = await RabbitConnection.open(url, name="test-admin")
+        await connection.delete(queue)
+        await connection.close()
+
+
 async def _drain(
     links: list[RabbitBroker], queue: str, expect: int, timeout: float = 60.0
 ) -> collections.Counter[int]:
@@ -211,3 +218,41 @@ async def test_a_message_to_a_deleted_queue_comes_back_returned_and_stays_held(
         await asyncio.wait_for(returned, 10)
     assert sender.unconfirmed() == [2]
     await sender.close()
+
+
+async def test_a_stack_given_the_queue_spec_declares_it_again_when_a_broker_lost_it(
+    rabbit_nodes: list[Broker], links_factory: Callable[[list[str]], list[RabbitBroker]]
+) -> None:
+    # A broker whose data was wiped has no queue: the sender's leaf re-declares it after the
+    # first return, and the messages, still held, go through when sent again.
+    queue = "truba.test.redeclared"
+    spec = QueueSpec(queue, "quorum")
+    urls = [node.url for node in rabbit_nodes]
+    links = links_factory(urls)
+    sender = send_stack(IntCodec(), links, spec)
+    for n in range(20):  # every leaf connects (and declares) on the way
+        await asyncio.wait_for(await sender.send(n), 10)
+    await _delete(urls, queue)
+    outcomes = await asyncio.gather(*[await sender.send(n) for n in range(20, 30)], return_exceptions=True)
+    returned = [o for o in outcomes if isinstance(o, MessageRejected)]
+    assert returned and all("unroutable" in str(o) for o in returned)
+    assert len(sender.unconfirmed()) == len(returned)
+    deadline = time.monotonic() + 10
+    while held := list(sender.unconfirmed()):  # resending is the caller's (the client's) job
+        assert time.monotonic() < deadline, "the queue was not declared again"
+        sender.drop_unconfirmed()
+        await asyncio.sleep(0.1)
+        await asyncio.gather(*[await sender.send(n) for n in held], return_exceptions=True)
+    await sender.close()
+    # A listener given the spec creates a missing queue (on a broker that got nothing since)
+    # instead of failing with NOT_FOUND, and every message sent is there.
+    listener = listen_stack(IntCodec(), links, spec, Window(50))
+    seen = set()
+    while len(seen) < 10:
+        delivery = await listener.get(10)
+        assert delivery is not None, f"missing {sorted(set(range(20, 30)) - seen)}"
+        seen.add(delivery.message)
+        await delivery.ack()
+    assert seen == set(range(20, 30))
+    await listener.close()
+    await _delete(urls, queue)

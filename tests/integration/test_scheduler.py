@@ -125,9 +125,11 @@ class FakeDaemon:
         return {entry.job_id: entry.slots for entry in message.assignment.jobs}
 
     def heartbeat(self) -> None:
-        self._outgoing.put_nowait(
-            daemons_pb2.DaemonMessage(heartbeat=daemons_pb2.Heartbeat(applied_version=self.version))
-        )
+        self.send_heartbeat()
+
+    def send_heartbeat(self, *, stats: Sequence[daemons_pb2.JobStats] = (), draining: bool = False) -> None:
+        heartbeat = daemons_pb2.Heartbeat(applied_version=self.version, stats=stats, draining=draining)
+        self._outgoing.put_nowait(daemons_pb2.DaemonMessage(heartbeat=heartbeat))
 
     def end(self) -> None:
         self._outgoing.put_nowait(None)

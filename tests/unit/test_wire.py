@@ -1,11 +1,20 @@
 from __future__ import annotations
 
+import msgpack
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from truba.pipes.errors import CodecError
-from truba.wire import ErrorInfo, ResultCodec, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import (
+    ErrorInfo,
+    GaveUpCodec,
+    GaveUpRecord,
+    ResultCodec,
+    ResultMessage,
+    TaskCodec,
+    TaskMessage,
+)
 
 values = st.recursive(
     st.none()
@@ -45,3 +54,78 @@ def test_garbage_is_a_codec_error(data: bytes) -> None:
         TaskCodec().decode(data)
     with pytest.raises(CodecError):
         ResultCodec().decode(data)
+
+
+@given(st.text(min_size=1, max_size=20), values, st.integers(0, 1000))
+def test_task_attempts_round_trip(task_id: str, payload: object, attempts: int) -> None:
+    message = TaskMessage(task_id, payload, attempts)
+    assert TaskCodec().decode(TaskCodec().encode(message)) == message
+
+
+def test_fresh_tasks_and_first_results_keep_the_original_format() -> None:
+    """Readers without extras (older daemons and clients) read what they always read."""
+    assert msgpack.unpackb(TaskCodec().encode(TaskMessage("t", 5))) == [1, "t", 5]
+    first = ResultCodec().encode(ResultMessage("t", True, 25, None, "d", 0.5))
+    assert msgpack.unpackb(first) == [1, "t", True, 25, "d", 0.5]
+
+
+def test_old_messages_decode_with_defaults() -> None:
+    assert TaskCodec().decode(msgpack.packb([1, "t", {"x": 1}])) == TaskMessage("t", {"x": 1}, 0)
+    old = ResultCodec().decode(msgpack.packb([1, "t", False, ["E", "m", "tb"], "d", 1.0]))
+    assert (old.attempts, old.gave_up, old.error) == (1, False, ErrorInfo("E", "m", "tb"))
+
+
+def test_unknown_extras_and_trailing_fields_are_ignored() -> None:
+    task = msgpack.packb([1, "t", None, {"attempts": 2, "future": "x"}, "more", 7])
+    assert TaskCodec().decode(task) == TaskMessage("t", None, 2)
+    result = msgpack.packb([1, "t", True, 1, "d", 0.1, {"gave_up": False, "future": 1}, "more"])
+    assert ResultCodec().decode(result) == ResultMessage("t", True, 1, None, "d", 0.1)
+
+
+def test_give_ups_round_trip() -> None:
+    message = ResultMessage("t", False, None, ErrorInfo("TaskTimeout", "too slow"), "d", 0.0, 3, True)
+    assert ResultCodec().decode(ResultCodec().encode(message)) == message
+    record = GaveUpRecord("t", 3, ErrorInfo("TaskTimeout", "too slow", ""), "d", b"\x93\x01\xa1t\xc0")
+    assert GaveUpCodec().decode(GaveUpCodec().encode(record)) == record
+    assert msgpack.unpackb(GaveUpCodec().encode(record))["kind"] == "gave_up"
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [[1, "t", None, "not a map"], [1, "t", None, {"attempts": -1}], [1, "t", None, {"attempts": "2"}]],
+)
+def test_bad_task_extras_are_codec_errors(fields: list[object]) -> None:
+    with pytest.raises(CodecError):
+        TaskCodec().decode(msgpack.packb(fields))
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        [1, "t", True, 1, "d", 0.1, []],
+        [1, "t", True, 1, "d", 0.1, {"gave_up": 1}],
+        [1, "t", True, 1, "d", 0.1, {"attempts": True}],
+        [1, "t", True, 1, "d", "slow"],
+    ],
+)
+def test_bad_result_extras_are_codec_errors(fields: list[object]) -> None:
+    with pytest.raises(CodecError):
+        ResultCodec().decode(msgpack.packb(fields))
+    with pytest.raises(CodecError):
+        GaveUpCodec().decode(msgpack.packb(fields))
+
+
+def test_a_give_up_reaches_the_client_as_an_outcome_that_raises_task_gave_up() -> None:
+    from truba.client.outcome import Outcome, TaskFailed, TaskGaveUp
+
+    error = ErrorInfo("TaskTimeout", "the attempt ran longer than 1 s")
+    wire = ResultCodec().encode(ResultMessage("t", False, None, error, "d", 0.0, 3, True))
+    outcome = Outcome.from_message(ResultCodec().decode(wire))
+    assert (outcome.gave_up, outcome.attempts, outcome.ok) == (True, 3, False)
+    with pytest.raises(TaskGaveUp, match="gave up after 3 attempts: TaskTimeout") as raised:
+        outcome.result()
+    assert isinstance(raised.value, TaskFailed) and raised.value.attempts == 3
+    plain = Outcome.from_message(ResultMessage("u", False, None, ErrorInfo("ValueError", "x"), "d", 0.1))
+    with pytest.raises(TaskFailed) as failed:
+        plain.result()
+    assert not isinstance(failed.value, TaskGaveUp) and plain.attempts == 1

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -552,6 +553,24 @@ async def check_listener_ack_settles(make: ListenerFactory[T]) -> None:
         assert await h.bottom.backlog() == 0, "the broker still holds an acked message"
 
 
+async def check_listener_cancel_stops_deliveries_and_keeps_held_ones_settleable(
+    make: ListenerFactory[T],
+) -> None:
+    """After cancel(), nothing new is delivered (get answers None at once), a delivery taken
+    before can still be acked, and what arrived later stays with the broker."""
+    async with make() as h:
+        held = await _take(h, 0)
+        await h.listener.cancel()
+        await h.listener.cancel()  # idempotent
+        await h.bottom.push(h.bottom.message(1))
+        began = time.monotonic()
+        assert await h.listener.get(h.timing.patience) is None, "a delivery arrived after cancel()"
+        assert time.monotonic() - began < h.timing.patience, "get() after cancel() waited its timeout"
+        await held.ack()
+        await _close_bounded(h.listener, h.timing)
+        assert await h.bottom.backlog() == 1, "the message pushed after cancel() is not with the broker"
+
+
 async def check_listener_reject_with_requeue_redelivers(make: ListenerFactory[T]) -> None:
     """reject(requeue=True) brings the message back, marked redelivered."""
     async with make() as h:
@@ -678,6 +697,9 @@ LISTENER_CHECKS: Mapping[str, ListenerCheck] = {
     "get_after_close_raises_pipe_closed": check_listener_get_after_close_raises_pipe_closed,
     "cancelled_close_still_closes": check_listener_cancelled_close_still_closes,
     "ack_settles": check_listener_ack_settles,
+    "cancel_stops_deliveries_and_keeps_held_ones_settleable": (
+        check_listener_cancel_stops_deliveries_and_keeps_held_ones_settleable
+    ),
     "reject_with_requeue_redelivers": check_listener_reject_with_requeue_redelivers,
     "reject_without_requeue_drops": check_listener_reject_without_requeue_drops,
     "subscribe_delivers": check_listener_subscribe_delivers,

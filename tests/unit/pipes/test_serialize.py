@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from truba.pipes.errors import CodecError, PipeBroken, PipeClosed
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeBroken, PipeClosed
 from truba.pipes.serialize import deserialize, serialize
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import TaskCodec, TaskMessage
@@ -25,6 +25,16 @@ async def test_serialize_refuses_unserializable_payload_before_sending() -> None
     with pytest.raises(CodecError, match="not msgpack-serializable"):
         await sender.send(TaskMessage("t1", object()))
     assert inner.sent == []
+
+
+async def test_serialize_refuses_a_message_over_the_size_limit_before_sending() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = serialize(TaskCodec(), max_size=1000)(inner)
+    with pytest.raises(MessageTooLarge, match=r"of 2,0\d\d bytes encoded is over the limit of 1,000 bytes"):
+        await sender.send(TaskMessage("t1", b"x" * 2000))
+    assert inner.sent == []
+    await sender.send(TaskMessage("t2", b"x" * 900))  # under the limit: sent
+    assert len(inner.sent) == 1
 
 
 async def test_deserialize_dead_letters_poison_and_returns_the_next_good_message() -> None:

@@ -101,7 +101,23 @@ async def test_a_second_job_splits_the_slots(clock: ManualClock) -> None:
     d1 = session(clock)
     assigner.connect(d1)
     await drain(d1)
+    clock.advance(1.0)  # past the planner's min_hold: a's new slots may move
     jobs.add("b")
+    assigner.replan()
+    [message] = await drain(d1)
+    assert slots(message) == {"a": 2, "b": 2}
+
+
+async def test_slots_just_given_are_held_briefly_and_moved_once_the_hold_passed(clock: ManualClock) -> None:
+    assigner, jobs, _ = make(clock)
+    jobs.add("a")
+    d1 = session(clock)
+    assigner.connect(d1)
+    await drain(d1)
+    jobs.add("b")
+    assigner.replan()
+    assert await drain(d1) == []  # a got its slots just now: nothing moves yet
+    clock.advance(1.0)
     assigner.replan()
     [message] = await drain(d1)
     assert slots(message) == {"a": 2, "b": 2}

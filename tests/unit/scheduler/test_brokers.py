@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from tests.unit.scheduler.fakes import FakeCluster, make_fake_cluster, no_sleep
@@ -113,9 +115,27 @@ async def test_restore_declares_missing_queues_and_deletions_wait_for_it(
     cluster: FakeCluster, store: SqliteJobStore
 ) -> None:
     janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
-    janitor.restore(["a", "b"])
+    janitor.restore([job_queues("a"), job_queues("b")])
     store.reserve("b")
     assert await janitor.reap_within("b", timeout=5)
     for fake in cluster.fakes:
         assert set(fake.queues) == set(job_queues("a").all())
+    await janitor.close()
+
+
+async def test_deleted_queues_are_deleted_once_more_later(
+    cluster: FakeCluster, store: SqliteJobStore
+) -> None:
+    await cluster.brokers.declare(QUEUES)
+    store.reserve("j1")
+    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep, resweep_after=0.05)
+    assert await janitor.reap_within("j1", timeout=5)
+    # A reconnecting daemon re-declared the task queue in the meantime
+    await cluster.brokers.all[0].declare(QUEUES)
+    assert cluster.fakes[0].queues
+    for _ in range(100):
+        if not cluster.fakes[0].queues:
+            break
+        await asyncio.sleep(0.01)
+    assert cluster.fakes[0].queues == {}
     await janitor.close()

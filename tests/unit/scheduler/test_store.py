@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
 from truba.scheduler.store import SqliteJobStore
 
 
@@ -106,3 +106,46 @@ def test_a_file_from_a_newer_schema_is_refused(tmp_path: Path) -> None:
 def test_close_is_idempotent(store: SqliteJobStore) -> None:
     store.close()
     store.close()
+
+
+def test_settings_and_counters_are_stored(store: SqliteJobStore) -> None:
+    settings = JobSettings(
+        min_slots=1,
+        max_slots=8,
+        preemption=Preemption.IMMEDIATE,
+        task_timeout=12.5,
+        max_attempts=5,
+        queue_type=QueueType.CLASSIC,
+    )
+    job = Job(id="j1", handler="m:f", importance=1.0, state=JobState.OPEN, created_at=1.0, settings=settings)
+    store.insert(job)
+    assert store.get("j1") == job
+    assert job.queues.kind == "classic"
+    store.save_counters({"j1": '{"submitted": 3}'})
+    store.save_counters({"j1": '{"submitted": 4}', "j2": "{}"})
+    assert store.load_counters() == {"j1": '{"submitted": 4}', "j2": "{}"}
+
+
+def test_a_version_1_file_is_migrated_and_its_jobs_get_default_settings(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite3"
+    db = sqlite3.connect(path)
+    db.executescript(
+        """
+        CREATE TABLE jobs (id TEXT PRIMARY KEY, name TEXT NOT NULL, handler TEXT NOT NULL,
+            importance REAL NOT NULL, state TEXT NOT NULL, submitted INTEGER NOT NULL,
+            created_at REAL NOT NULL, closed_at REAL, finished_at REAL, problem TEXT NOT NULL);
+        CREATE TABLE stale_queues (job_id TEXT PRIMARY KEY, since REAL NOT NULL);
+        INSERT INTO jobs VALUES ('old1', '', 'm:f', 2.0, 'OPEN', 0, 5.0, NULL, NULL, '');
+        PRAGMA user_version=1;
+        """
+    )
+    db.close()
+    store = SqliteJobStore(path)
+    try:
+        job = store.get("old1")
+        assert job is not None and job.settings == JobSettings() and job.importance == 2.0
+        assert store.load_counters() == {}
+        (version,) = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()
+        assert version == 2
+    finally:
+        store.close()

@@ -4,13 +4,16 @@ import math
 
 import pytest
 
+from truba.proto.v1 import common_pb2
 from truba.scheduler.errors import InvalidArgument
+from truba.scheduler.model import JobSettings, Preemption, QueueType
 from truba.scheduler.validate import (
     check_daemon_id,
     check_handler,
     check_importance,
     check_job_id,
     check_name,
+    check_settings,
     check_slots,
     check_submitted,
 )
@@ -98,3 +101,45 @@ def test_daemon_hello_fields() -> None:
     assert check_slots(1) == 1
     with pytest.raises(InvalidArgument, match=r"^slots: must be at least 1, got 0$"):
         check_slots(0)
+
+
+def test_settings_get_their_defaults() -> None:
+    settings = check_settings(common_pb2.JobSettings(), consumer_timeout=1800)
+    assert settings == JobSettings()
+    assert settings.max_attempts == 3 and settings.preemption is Preemption.GRACEFUL
+
+
+def test_settings_are_converted() -> None:
+    given = common_pb2.JobSettings(
+        min_slots=2,
+        max_slots=2,
+        preemption=common_pb2.PREEMPTION_IMMEDIATE,
+        task_timeout=1800,
+        max_attempts=1,
+        queue_type=common_pb2.QUEUE_TYPE_CLASSIC,
+    )
+    assert check_settings(given, consumer_timeout=1800) == JobSettings(
+        min_slots=2,
+        max_slots=2,
+        preemption=Preemption.IMMEDIATE,
+        task_timeout=1800.0,
+        max_attempts=1,
+        queue_type=QueueType.CLASSIC,
+    )
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        (common_pb2.JobSettings(task_timeout=math.nan), "settings.task_timeout"),
+        (common_pb2.JobSettings(task_timeout=math.inf), "settings.task_timeout"),
+        (common_pb2.JobSettings(task_timeout=1800.5), "settings.task_timeout"),
+        (common_pb2.JobSettings(min_slots=2_000_000), "settings.min_slots"),
+        (common_pb2.JobSettings(max_slots=2_000_000), "settings.max_slots"),
+        (common_pb2.JobSettings(min_slots=3, max_slots=2), "settings.max_slots"),
+        (common_pb2.JobSettings(queue_type=9), "settings.queue_type"),  # type: ignore[arg-type]
+    ],
+)
+def test_bad_settings_name_their_field(given: common_pb2.JobSettings, field: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"^{field}: "):
+        check_settings(given, consumer_timeout=1800)

@@ -1,0 +1,61 @@
+"""Job options as the SDK spells them, and their ``truba.v1.JobSettings`` form."""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from truba.proto.v1 import common_pb2
+
+Preemption = Literal["graceful", "immediate"]
+"""How the job's slots are taken when the scheduler gives them to a more important job:
+``"graceful"`` at the end of the running task, ``"immediate"`` by interrupting it (the task goes
+back to its queue and runs again later, without counting an attempt)."""
+
+QueueType = Literal["quorum", "classic"]
+"""RabbitMQ queue type of the job's task and result queues: ``"quorum"`` (replicated, fsynced
+before the broker confirms) or ``"classic"`` (faster, not replicated)."""
+
+_PREEMPTION: Final = {
+    "graceful": common_pb2.PREEMPTION_GRACEFUL,
+    "immediate": common_pb2.PREEMPTION_IMMEDIATE,
+}
+_QUEUE_TYPE: Final = {"quorum": common_pb2.QUEUE_TYPE_QUORUM, "classic": common_pb2.QUEUE_TYPE_CLASSIC}
+
+
+def settings_pb(
+    *,
+    min_slots: int = 0,
+    max_slots: int | None = None,
+    preemption: Preemption = "graceful",
+    task_timeout: float | None = None,
+    max_attempts: int | None = None,
+    queue_type: QueueType = "quorum",
+) -> common_pb2.JobSettings:
+    """The settings message; None means the scheduler's default.
+
+    Raises:
+        ValueError: an unknown ``preemption`` or ``queue_type``, or a negative number (the
+            scheduler checks ranges too and names the field).
+    """
+    if preemption not in _PREEMPTION:
+        raise ValueError(f"preemption: must be one of {sorted(_PREEMPTION)}, got {preemption!r}")
+    if queue_type not in _QUEUE_TYPE:
+        raise ValueError(f"queue_type: must be one of {sorted(_QUEUE_TYPE)}, got {queue_type!r}")
+    for name, value in (("min_slots", min_slots), ("max_slots", max_slots), ("max_attempts", max_attempts)):
+        if value is not None and value < 0:
+            raise ValueError(f"{name}: must be >= 0, got {value}")
+    if task_timeout is not None and not task_timeout > 0:
+        raise ValueError(f"task_timeout: must be > 0 seconds (or None for no limit), got {task_timeout}")
+    return common_pb2.JobSettings(
+        min_slots=min_slots,
+        max_slots=max_slots or 0,
+        preemption=_PREEMPTION[preemption],
+        task_timeout=task_timeout or 0.0,
+        max_attempts=max_attempts or 0,
+        queue_type=_QUEUE_TYPE[queue_type],
+    )
+
+
+def queue_kind(settings: common_pb2.JobSettings) -> str:
+    """The RabbitMQ ``x-queue-type`` of a job's task and result queues."""
+    return "classic" if settings.queue_type == common_pb2.QUEUE_TYPE_CLASSIC else "quorum"

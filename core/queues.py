@@ -1,0 +1,55 @@
+"""A job's queues: their names and how they are declared, the one place that spells both.
+
+The scheduler declares them when a job is created; the client's and the daemon's pipes declare
+them again when they reconnect to a broker that lost them (its data was wiped, or it was
+replaced), so the same specification must be at hand on every side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from truba.pipes.rabbit import QueueSpec
+
+
+@dataclass(frozen=True)
+class JobQueues:
+    """Names of one job's queues (each exists once on every broker) and their RabbitMQ type.
+
+    ``kind`` is the type of the task and result queues, ``"quorum"`` or ``"classic"``; the
+    dead-letter queue is always classic (it is only read by people and tools).
+    """
+
+    tasks: str
+    results: str
+    dead: str
+    kind: str = "quorum"
+
+    def all(self) -> tuple[str, str, str]:
+        """The three names, dead-letter queue first (the other two dead-letter into it)."""
+        return (self.dead, self.tasks, self.results)
+
+    def specs(self) -> tuple[QueueSpec, QueueSpec, QueueSpec]:
+        """How to declare them, in :meth:`all` order."""
+        return (
+            QueueSpec(self.dead, kind="classic"),
+            QueueSpec(self.tasks, kind=self.kind, dead_letter_to=self.dead),
+            QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
+        )
+
+    def spec(self, name: str) -> QueueSpec:
+        """The spec of one of the three queues.
+
+        Raises:
+            KeyError: ``name`` is not one of them.
+        """
+        for spec in self.specs():
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+
+def job_queues(job_id: str, kind: str = "quorum") -> JobQueues:
+    """The queues of job ``job_id``."""
+    prefix = f"truba.job.{job_id}"
+    return JobQueues(tasks=f"{prefix}.tasks", results=f"{prefix}.results", dead=f"{prefix}.dead", kind=kind)

@@ -1,0 +1,156 @@
+"""The ways a task's life on a daemon ends, each one published, confirmed, then acked.
+
+- **complete**: its result (a value or the handler's error) goes to the results queue;
+- **requeue**: the task goes back to its own queue, published again with an attempt count
+  (the same one after a preemption, one more after a failed attempt), never by
+  ``reject(requeue=True)``, which the next daemon would count as a death (see
+  :mod:`truba.daemon.attempts`);
+- **give up**: a record goes to the dead-letter queue and a give-up result to the client.
+
+The delivery is acked only once everything published for it is confirmed, so a daemon killed
+at any point loses nothing: the broker redelivers the unacked task. The confirm and the ack run
+in the background (the slot goes on with the next task meanwhile); :meth:`TaskEnds.wait` waits
+for them. If a confirm fails (the broker refused the message), the task is rejected with
+requeue as a last resort: it runs again, and its next daemon counts one attempt more.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+
+from truba.daemon.stats import JobStats
+from truba.pipes.base import Confirmation, Delivery, Listener, Sender
+from truba.pipes.errors import PipeClosed, PipeError
+from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class JobPipes:
+    """A job's pipes on one daemon: its tasks in; results, requeued tasks and dead letters out."""
+
+    tasks: Listener[TaskMessage]
+    results: Sender[ResultMessage]
+    requeue: Sender[TaskMessage]
+    dead: Sender[GaveUpRecord]
+
+    async def close(self) -> None:
+        """Closes all four (the senders wait, bounded, for outstanding confirms)."""
+        for pipe in (self.tasks, self.results, self.requeue, self.dead):
+            with contextlib.suppress(PipeError):
+                await pipe.close()
+
+
+@dataclass
+class TaskEnds:
+    """Publishes how tasks end and acks them once confirmed; see the module docstring."""
+
+    pipes: JobPipes
+    daemon_id: str
+    stats: JobStats
+    on_broken: Callable[[PipeError], None] = lambda exc: None
+    _settling: set[asyncio.Task[None]] = field(default_factory=set)
+
+    @property
+    def in_flight(self) -> int:
+        """Ends published and not yet acked."""
+        return len(self._settling)
+
+    async def complete(self, delivery: Delivery[TaskMessage], result: ResultMessage) -> None:
+        """Publishes the task's result; acks once it is confirmed."""
+        try:
+            confirmation = await self.pipes.results.send(result)
+        except PipeError as exc:
+            if exc.retryable or isinstance(exc, PipeClosed):
+                raise
+            # The result itself cannot be sent (e.g. too large): report that as the outcome.
+            error = ErrorInfo(type(exc).__name__, f"result could not be sent: {exc}")
+            result = ResultMessage(
+                result.task_id, False, None, error, result.daemon_id, result.seconds, result.attempts
+            )
+            confirmation = await self.pipes.results.send(result)
+        self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
+
+    async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
+        """Publishes ``task`` (with its attempt count) to its queue; acks the original once confirmed."""
+        confirmation = await self.pipes.requeue.send(task)
+        self.stats.requeued += 1
+        log.debug("daemon.task.requeued", extra={"reason": reason, "attempts": task.attempts})
+        self._settle_later(delivery, [confirmation], f"requeue ({reason})", None, gave_up=False)
+
+    async def give_up(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, attempts: int, error: ErrorInfo
+    ) -> None:
+        """Keeps the task in the dead-letter queue and tells the client; acks once both are confirmed."""
+        record = GaveUpRecord(task.task_id, attempts, error, self.daemon_id, TaskCodec().encode(task))
+        dead = await self.pipes.dead.send(record)
+        result = ResultMessage(task.task_id, False, None, error, self.daemon_id, 0.0, attempts, gave_up=True)
+        told = await self.pipes.results.send(result)
+        self._settle_later(delivery, [dead, told], "give-up", False, gave_up=True)
+
+    def _settle_later(
+        self,
+        delivery: Delivery[TaskMessage],
+        confirmations: Sequence[Confirmation],
+        what: str,
+        ok: bool | None,
+        *,
+        gave_up: bool,
+    ) -> None:
+        task = asyncio.create_task(self._ack_when_confirmed(delivery, confirmations, what, ok, gave_up))
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+
+    async def _ack_when_confirmed(
+        self,
+        delivery: Delivery[TaskMessage],
+        confirmations: Sequence[Confirmation],
+        what: str,
+        ok: bool | None,
+        gave_up: bool,
+    ) -> None:
+        started = time.perf_counter()
+        try:
+            for confirmation in confirmations:
+                await confirmation
+        except PipeError as exc:
+            log.warning("daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
+            await settle(delivery.reject(requeue=True))
+            if exc.retryable:
+                self.on_broken(exc)
+            return
+        log.debug(
+            "daemon.task.confirmed", extra={"what": what, "confirm_seconds": time.perf_counter() - started}
+        )
+        if ok is True:
+            self.stats.done += 1
+        elif ok is False:
+            self.stats.failed += 1
+        if gave_up:
+            self.stats.gave_up += 1
+        await settle(delivery.ack())
+        log.debug("daemon.task.acked", extra={"what": what})
+
+    async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
+        """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while len(self._settling) > limit:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return False
+            await asyncio.wait(set(self._settling), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+        return True
+
+
+async def settle(action: Awaitable[None]) -> None:
+    """Acks/rejects; a dead channel means the broker has already requeued the task."""
+    try:
+        await action
+    except PipeError as exc:
+        log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})

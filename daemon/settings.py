@@ -1,0 +1,44 @@
+"""A job's settings as the daemon applies them, read from each assignment's ``JobSlots.settings``.
+
+Zero values in the message mean the documented default, so a scheduler that sends no settings
+(older, or a job created without any) gets graceful preemption, no timeout and 3 attempts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Final
+
+from truba.proto.v1 import common_pb2
+
+DEFAULT_MAX_ATTEMPTS: Final = 3
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """What the daemon needs of a job's settings.
+
+    ``immediate``: a slot taken away interrupts its running task (else the task finishes first).
+    ``task_timeout``: seconds one attempt may run before its slot is killed (None: no limit).
+    ``max_attempts``: attempts without an outcome before the task is given up (>= 1).
+    """
+
+    immediate: bool = False
+    task_timeout: float | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+
+    @classmethod
+    def from_proto(cls, settings: common_pb2.JobSettings) -> JobSettings:
+        return cls(
+            immediate=settings.preemption == common_pb2.PREEMPTION_IMMEDIATE,
+            task_timeout=settings.task_timeout if settings.task_timeout > 0 else None,
+            max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
+        )
+
+    def to_proto(self) -> common_pb2.JobSettings:
+        """The message form (what the daemon reports it runs with)."""
+        return common_pb2.JobSettings(
+            preemption=common_pb2.PREEMPTION_IMMEDIATE if self.immediate else common_pb2.PREEMPTION_GRACEFUL,
+            task_timeout=self.task_timeout or 0.0,
+            max_attempts=self.max_attempts,
+        )

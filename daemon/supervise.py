@@ -1,0 +1,123 @@
+"""One attempt of a task in a slot, under watch: a hard timeout, a hard memory limit, an interrupt.
+
+Whichever comes first ends the attempt: the slot's reply, the slot's death, the timeout, the
+memory limit (sampled every :data:`MEMORY_POLL` seconds) or the interrupt (preemption, stop).
+In the last three cases the slot is killed and started afresh, so it is ready for the next task
+as soon as this returns. A reply that races with an interrupt wins: finished work is kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from truba.daemon.slots import SlotDied, SlotProcess, SlotReply
+from truba.wire import ErrorInfo
+
+log = logging.getLogger(__name__)
+MEMORY_POLL: Final = 0.2
+MIB: Final = 1024 * 1024
+
+
+class Ending(enum.Enum):
+    REPLIED = "replied"
+    """The handler returned or raised: the reply is the task's outcome."""
+    DIED = "died"
+    """The slot process exited (the handler crashed it, or something killed it): spent."""
+    TIMED_OUT = "timed_out"
+    """It ran longer than the task timeout: spent."""
+    OUT_OF_MEMORY = "out_of_memory"
+    """The slot's private memory passed the hard limit: spent."""
+    INTERRUPTED = "interrupted"
+    """Stopped on purpose (preemption, stop): not spent."""
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptEnd:
+    """How an attempt ended; ``reply`` for REPLIED, ``error`` for the endings that spend it."""
+
+    ending: Ending
+    seconds: float
+    reply: SlotReply | None = None
+    error: ErrorInfo | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Per-attempt limits: ``timeout`` seconds, ``memory`` bytes of private memory (None: none)."""
+
+    timeout: float | None = None
+    memory: int | None = None
+
+
+async def run_attempt(
+    slot: SlotProcess,
+    handler: str,
+    task_id: str,
+    payload: object,
+    limits: Limits,
+    interrupt: asyncio.Event,
+) -> AttemptEnd:
+    """Runs one attempt on ``slot``; see the module docstring. Never raises SlotDied."""
+    started = time.perf_counter()
+    running = asyncio.ensure_future(slot.run(handler, task_id, payload))
+    interrupted = asyncio.ensure_future(interrupt.wait())
+    watching = asyncio.ensure_future(_watch_memory(slot, limits.memory)) if limits.memory else None
+    waits: set[asyncio.Future[Any]] = {running, interrupted}
+    if watching is not None:
+        waits.add(watching)
+    try:
+        done, _ = await asyncio.wait(waits, timeout=limits.timeout, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        running.cancel()  # kills the slot
+        raise
+    finally:
+        interrupted.cancel()
+        if watching is not None:
+            watching.cancel()
+    if running in done:
+        return _finished(running, time.perf_counter() - started)
+    # Stop it: cancelling the run kills the slot; a reply that arrived meanwhile still wins.
+    running.cancel()
+    with contextlib.suppress(asyncio.CancelledError, SlotDied):
+        await running
+    seconds = time.perf_counter() - started
+    if not running.cancelled():  # it ended on its own meanwhile: replied or died
+        return _finished(running, seconds)
+    await slot.start()
+    if watching is not None and watching in done:
+        used = watching.result()
+        error = ErrorInfo(
+            "MemoryLimitExceeded",
+            f"the slot's private memory reached {used / MIB:.0f} MiB, over the limit of "
+            f"{(limits.memory or 0) / MIB:.0f} MiB; the slot was killed",
+        )
+        return AttemptEnd(Ending.OUT_OF_MEMORY, seconds, error=error)
+    if interrupted in done:
+        return AttemptEnd(Ending.INTERRUPTED, seconds)
+    error = ErrorInfo("TaskTimeout", f"the attempt ran longer than {limits.timeout:g} s; the slot was killed")
+    return AttemptEnd(Ending.TIMED_OUT, seconds, error=error)
+
+
+def _finished(running: asyncio.Future[SlotReply], seconds: float) -> AttemptEnd:
+    exc = running.exception()
+    if isinstance(exc, SlotDied):
+        return AttemptEnd(Ending.DIED, seconds, error=ErrorInfo("SlotDied", str(exc)))
+    if exc is not None:
+        raise exc
+    return AttemptEnd(Ending.REPLIED, seconds, reply=running.result())
+
+
+async def _watch_memory(slot: SlotProcess, limit: int | None) -> int:
+    """Returns the slot's private memory once it passes ``limit`` (never, while under it)."""
+    assert limit is not None
+    while True:
+        await asyncio.sleep(MEMORY_POLL)
+        used = slot.private_memory()
+        if used is not None and used > limit:
+            return used

@@ -1,0 +1,234 @@
+"""Task counters per job, from the reports of clients and daemons, and the demand they imply.
+
+The scheduler never asks brokers how long a job's queue is (seed 002: synchronous AMQP
+operations are a finite resource); it adds up what the two ends report instead:
+
+- the **client** reports how many tasks it has submitted (``ReportProgress``), and CloseJob
+  the final count;
+- each **daemon** reports, in every heartbeat, per job: attempts done and failed since the
+  daemon started (cumulative, so a lost heartbeat loses nothing), slots busy, deliveries
+  waiting, and a moving average of a task's run time.
+
+A daemon's numbers are kept per (job, daemon) and replaced by each report; a daemon that
+restarted under the same id reports smaller numbers, and its old ones are *retired* (added to
+the job's total) first. Totals are therefore exact across daemon restarts and, because the
+per-daemon rows are stored, across scheduler restarts too (a daemon reconnecting to a restarted
+scheduler reports the same cumulative numbers, which replace the stored row).
+
+**Demand** is the slots a job could use now: its outstanding tasks (submitted, not finished),
+and for an open job at least what Little's law says a steady stream needs (submission rate ×
+service time). A job no client has reported on since the scheduler started has unknown demand
+(None): the planner treats it as unbounded until the first report.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Final, final
+
+RATE_HALF_LIFE: Final = 5.0
+"""Seconds over which the submission-rate estimate halves its memory."""
+
+
+@dataclass(frozen=True)
+class DaemonJobStats:
+    """One heartbeat's numbers for one job on one daemon."""
+
+    job_id: str
+    done: int = 0
+    failed: int = 0
+    busy: int = 0
+    waiting: int = 0
+    service_time: float = 0.0
+
+
+@dataclass(frozen=True)
+class Counts:
+    """A job's counters as GetJob shows them."""
+
+    submitted: int
+    done: int
+    failed: int
+    running: int
+    backlog: int
+    service_time: float
+
+
+@dataclass
+class _PerDaemon:
+    done: int = 0
+    failed: int = 0
+    busy: int = 0
+    waiting: int = 0
+    service_time: float = 0.0
+    connected: bool = True
+
+
+@dataclass
+class _JobCounters:
+    submitted: int = 0
+    received: int = 0
+    reported: bool = False
+    """A client reported since this scheduler started (else demand is unknown)."""
+    retired_done: int = 0
+    retired_failed: int = 0
+    daemons: dict[str, _PerDaemon] = field(default_factory=dict)
+    rate: float = 0.0
+    """Submissions per second, exponentially weighted."""
+    rate_at: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "submitted": self.submitted,
+                "received": self.received,
+                "retired_done": self.retired_done,
+                "retired_failed": self.retired_failed,
+                "daemons": {d: [s.done, s.failed] for d, s in self.daemons.items()},
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> _JobCounters:
+        data = json.loads(text)
+        counters = cls(
+            submitted=int(data.get("submitted", 0)),
+            received=int(data.get("received", 0)),
+            retired_done=int(data.get("retired_done", 0)),
+            retired_failed=int(data.get("retired_failed", 0)),
+        )
+        for daemon_id, (done, failed) in data.get("daemons", {}).items():
+            counters.daemons[str(daemon_id)] = _PerDaemon(int(done), int(failed), connected=False)
+        return counters
+
+
+@final
+class JobCounters:
+    """Counters of every job; :meth:`dirty` says what to store since the last :meth:`stored`."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[str, _JobCounters] = {}
+        self._dirty: set[str] = set()
+
+    def _job(self, job_id: str) -> _JobCounters:
+        job = self._jobs.get(job_id)
+        if job is None:
+            job = self._jobs[job_id] = _JobCounters()
+        return job
+
+    # -- reports ---------------------------------------------------------------------------------
+
+    def client_report(self, job_id: str, submitted: int, received: int, now: float) -> bool:
+        """A client's numbers; smaller ones than already known are ignored. True if anything changed."""
+        job = self._job(job_id)
+        job.reported = True
+        added = submitted - job.submitted
+        if job.rate_at is not None and now > job.rate_at:
+            elapsed = now - job.rate_at
+            decay = math.exp(-elapsed * math.log(2) / RATE_HALF_LIFE)
+            job.rate = job.rate * decay + max(added, 0) / elapsed * (1 - decay)
+        job.rate_at = now
+        changed = added > 0 or received > job.received
+        job.submitted = max(job.submitted, submitted)
+        job.received = max(job.received, received)
+        if changed:
+            self._dirty.add(job_id)
+        return changed
+
+    def daemon_report(self, daemon_id: str, stats: Iterable[DaemonJobStats]) -> set[str]:
+        """A daemon's heartbeat numbers; returns the ids of jobs whose counts changed."""
+        changed: set[str] = set()
+        for report in stats:
+            job = self._job(report.job_id)
+            row = job.daemons.get(daemon_id)
+            if row is None:
+                row = job.daemons[daemon_id] = _PerDaemon()
+            elif report.done < row.done or report.failed < row.failed:
+                # The daemon restarted under the same id: its counting began again at zero.
+                job.retired_done += row.done
+                job.retired_failed += row.failed
+                row.done = row.failed = 0
+            before = (row.done, row.failed, row.busy, row.waiting)
+            row.done, row.failed = report.done, report.failed
+            row.busy, row.waiting = report.busy, report.waiting
+            row.service_time = report.service_time or row.service_time
+            row.connected = True
+            if (row.done, row.failed, row.busy, row.waiting) != before:
+                changed.add(report.job_id)
+                self._dirty.add(report.job_id)
+        return changed
+
+    def daemon_lost(self, daemon_id: str) -> set[str]:
+        """The daemon is gone: what it ran goes back to the queues. Returns the jobs affected."""
+        affected = set()
+        for job_id, job in self._jobs.items():
+            row = job.daemons.get(daemon_id)
+            if row is not None and row.connected:
+                row.busy = row.waiting = 0
+                row.connected = False
+                affected.add(job_id)
+        return affected
+
+    def forget(self, job_id: str) -> None:
+        """Drops an ended job's live counters (the stored ones stay for GetJob)."""
+        self._jobs.pop(job_id, None)
+        self._dirty.discard(job_id)
+
+    # -- views -----------------------------------------------------------------------------------
+
+    def counts(self, job_id: str, closed_submitted: int = 0) -> Counts:
+        """The job's counts; ``closed_submitted`` is the count CloseJob recorded (0 while open)."""
+        return _counts(self._jobs.get(job_id) or _JobCounters(), closed_submitted)
+
+    def demand(self, job_id: str, *, closed_submitted: int | None = None) -> int | None:
+        """Slots the job could use now; None when unknown (no client report, job still open).
+
+        Args:
+            closed_submitted: the final task count if the job is closed, else None.
+        """
+        job = self._jobs.get(job_id)
+        if closed_submitted is None and (job is None or not job.reported):
+            return None
+        counts = self.counts(job_id, closed_submitted or 0)
+        outstanding = max(0, counts.submitted - counts.done - counts.failed)
+        if closed_submitted is None and job is not None and counts.service_time > 0:
+            outstanding = max(outstanding, math.ceil(job.rate * counts.service_time))
+        return outstanding
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def dirty(self) -> dict[str, str]:
+        """JSON of every job changed since the last :meth:`stored`."""
+        return {job_id: self._jobs[job_id].to_json() for job_id in self._dirty if job_id in self._jobs}
+
+    def stored(self, job_ids: Iterable[str]) -> None:
+        self._dirty.difference_update(job_ids)
+
+    def restore(self, stored: Mapping[str, str]) -> None:
+        """Loads stored counters (job id -> JSON), at startup."""
+        for job_id, text in stored.items():
+            self._jobs[job_id] = _JobCounters.from_json(text)
+
+
+def stored_counts(text: str, closed_submitted: int) -> Counts:
+    """Counts of an ended job from its stored JSON (ended jobs have no live counters)."""
+    return _counts(_JobCounters.from_json(text), closed_submitted)
+
+
+def _counts(job: _JobCounters, closed_submitted: int) -> Counts:
+    submitted = max(job.submitted, closed_submitted)
+    done = job.retired_done + sum(d.done for d in job.daemons.values())
+    failed = job.retired_failed + sum(d.failed for d in job.daemons.values())
+    running = sum(d.busy for d in job.daemons.values())
+    times = [d.service_time for d in job.daemons.values() if d.service_time > 0]
+    return Counts(
+        submitted=submitted,
+        done=done,
+        failed=failed,
+        running=running,
+        backlog=max(0, submitted - done - failed - running),
+        service_time=sum(times) / len(times) if times else 0.0,
+    )

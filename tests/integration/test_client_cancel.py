@@ -1,0 +1,51 @@
+"""Cancelling a job: the queues go, and every task without an outcome gets a cancelled one."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_end_to_end import Cluster, _queues_of
+from truba.client import Client, TaskCancelled
+from truba.proto.v1 import jobs_pb2
+
+pytestmark = pytest.mark.integration
+
+TASKS = 40
+
+
+async def test_cancel_gives_every_pending_task_a_cancelled_outcome(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    cluster = Cluster(tmp_path, rabbit_nodes)
+    try:
+        await asyncio.to_thread(cluster.start, 1, 2)
+        async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
+            job = await client.create_job("tests.handlers.basic:sleep")
+            for _ in range(TASKS):
+                await job.submit(0.2)
+            await job.close()
+            outcomes: collections.Counter[str] = collections.Counter()
+            cancelled = []
+            async for outcome in job.results():
+                outcomes[outcome.task_id] += 1
+                if outcome.cancelled:
+                    cancelled.append(outcome)
+                elif sum(outcomes.values()) == 3:
+                    await job.cancel()
+            info = await client.get_job_info(job.id)
+        assert len(outcomes) == TASKS and set(outcomes.values()) == {1}
+        assert len(cancelled) >= TASKS // 2  # most never ran
+        with pytest.raises(TaskCancelled, match="cancelled with its job"):
+            cancelled[0].result()
+        assert info.state == jobs_pb2.JOB_STATE_CANCELLED
+        assert await asyncio.to_thread(_queues_of, job.id, rabbit_nodes) == []
+        assert not (tmp_path / "spool" / job.id).exists()
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        await asyncio.to_thread(cluster.local.stop)

@@ -1,0 +1,149 @@
+"""Process faults under a real daemon over real brokers: every task still gets exactly one outcome.
+
+kill -9 of a slot mid-task, kill -9 of the whole daemon mid-task (another daemon takes over), and
+SIGSTOP of the daemon until the broker drops its connection, then SIGCONT. The client's side
+deduplicates by task id like truba's client: "exactly one outcome" means every task has a first
+result and that first result is the right one; duplicates of execution are counted and bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+import signal
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
+
+from truba.wire import TaskMessage
+
+pytestmark = pytest.mark.integration
+HANDLER = "tests.handlers.faults:sleep_in_file"
+
+
+@pytest.fixture
+def urls(rabbit_nodes: list[object]) -> list[str]:
+    return [node.url for node in rabbit_nodes]  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+async def make_job(urls: list[str], request: pytest.FixtureRequest) -> AsyncIterator[Callable[..., object]]:
+    made: list[JobQueues] = []
+
+    async def make(kind: str = "quorum") -> JobQueues:
+        queues = JobQueues(f"{request.node.name[:36]}-{secrets.token_hex(3)}", urls, kind)
+        await queues.declare()
+        made.append(queues)
+        return queues
+
+    try:
+        yield make
+    finally:
+        for queues in made:
+            await queues.delete()
+
+
+def _tasks(tmp_path: Path, count: int, seconds: float) -> list[TaskMessage]:
+    return [TaskMessage(f"t{i}", [str(tmp_path / f"t{i}.pid"), seconds]) for i in range(count)]
+
+
+def _pid_of(tmp_path: Path, task_id: str) -> int | None:
+    path = tmp_path / f"{task_id}.pid"
+    text = path.read_text() if path.exists() else ""
+    return int(text) if text.isdigit() else None
+
+
+async def test_a_slot_killed_mid_task_spends_one_attempt_and_every_task_has_one_outcome(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+) -> None:
+    job: JobQueues = await make_job()  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        daemon = start_daemon("d-slotkill", 2)
+        await eventually(lambda: scheduler.connected("d-slotkill"), what="daemon connected")
+        scheduler.assign("d-slotkill", job_slots(job, HANDLER, 2))
+        victim = TaskMessage("victim", [str(tmp_path / "victim.pid"), 1.0])
+        tasks = [victim, *_tasks(tmp_path, 20, 0.02)]
+        await job.submit(*tasks)
+        await eventually(lambda: _pid_of(tmp_path, "victim"), what="victim running")
+        pid = _pid_of(tmp_path, "victim")
+        assert pid in daemon.slot_pids()
+        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        await job.collect([t.task_id for t in tasks], timeout=20, linger=0.3)
+        logs = dump_logs(tmp_path)
+        assert job.duplicates() == 0, logs
+        outcome = job.outcome("victim")
+        assert outcome.ok and outcome.attempts == 2, (outcome, logs)
+        assert all(job.outcome(t.task_id).ok and job.outcome(t.task_id).attempts == 1 for t in tasks[1:])
+        assert '"daemon.task.slot_died"' in daemon.log() and daemon.alive()
+
+
+@pytest.mark.parametrize("kind", ["quorum", "classic"])
+async def test_a_daemon_killed_mid_task_loses_nothing_and_its_tasks_count_one_attempt(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path, kind: str
+) -> None:
+    job: JobQueues = await make_job(kind)  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        doomed = start_daemon("d-doomed", 2)
+        await eventually(lambda: scheduler.connected("d-doomed"), what="daemon connected")
+        scheduler.assign("d-doomed", job_slots(job, HANDLER, 2))
+        tasks = _tasks(tmp_path, 12, 0.4)
+        await job.submit(*tasks)
+        await job.collect(["t0"], timeout=15)  # it works...
+        await eventually(lambda: scheduler.busy("d-doomed", job.job_id) == 2, what="both slots busy")
+        slots = doomed.slot_pids()
+        running = {t.task_id for t in tasks if _pid_of(tmp_path, t.task_id) in slots}
+        doomed.kill()  # ...until it is killed with two tasks running
+        # Its slots die with it instead of computing on as orphans.
+        await eventually(lambda: not any(Path(f"/proc/{pid}").exists() for pid in slots), timeout=2)
+        start_daemon("d-heir", 2)
+        await eventually(lambda: scheduler.connected("d-heir"), what="heir connected")
+        scheduler.assign("d-heir", job_slots(job, HANDLER, 2))
+        await job.collect([t.task_id for t in tasks], timeout=30, linger=0.3)
+        logs = dump_logs(tmp_path)
+        outcomes = {t.task_id: job.outcome(t.task_id) for t in tasks}
+        assert all(o.ok and not o.gave_up for o in outcomes.values()), logs
+        # The tasks that died with the daemon spent one attempt, whatever the queue type.
+        killed = {task_id for task_id in running if outcomes[task_id].daemon_id == "d-heir"}
+        assert killed and all(outcomes[task_id].attempts == 2 for task_id in killed), (running, outcomes)
+        # Deliveries it held without running them came back redelivered too: counted, bounded.
+        assert all(o.attempts <= 2 for o in outcomes.values())
+        assert job.duplicates() <= 2
+        assert '"redelivered": true' in (tmp_path / "d-heir.log").read_text()
+
+
+async def test_a_daemon_frozen_until_the_broker_drops_it_loses_nothing(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+) -> None:
+    job: JobQueues = await make_job()  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        frozen = start_daemon("d-frozen", 2, "--broker-heartbeat", "1")
+        other = start_daemon("d-other", 1, "--broker-heartbeat", "1")
+        await eventually(lambda: scheduler.connected("d-frozen") and scheduler.connected("d-other"))
+        scheduler.assign("d-frozen", job_slots(job, HANDLER, 2))
+        scheduler.assign("d-other", job_slots(job, HANDLER, 1))
+        tasks = _tasks(tmp_path, 30, 0.3)
+        await job.submit(*tasks)
+        await job.collect(["t0", "t1"], timeout=15)
+        await eventually(lambda: scheduler.busy("d-frozen", job.job_id) >= 1, what="frozen one busy")
+        frozen.signal(signal.SIGSTOP)
+        # Two missed heartbeats (1 s): the broker closes its connection and requeues its tasks.
+        await asyncio.sleep(5.0)
+        frozen.signal(signal.SIGCONT)
+        await job.collect([t.task_id for t in tasks], timeout=30, linger=1.0)
+        logs = dump_logs(tmp_path)
+        assert all(job.outcome(t.task_id).ok for t in tasks), logs
+        # What it held when frozen was delivered again elsewhere, so what it then computed is a
+        # duplicate: at most its deliveries, a window of slots + 1 per broker.
+        assert job.duplicates() <= 2 * (2 + 1), logs
+        assert frozen.alive() and other.alive()
+        assert '"pipe.reopen.reopened"' in frozen.log() or '"pipe.rabbit.connected"' in frozen.log()
+        # It serves again after thawing.
+        more = [TaskMessage(f"after{i}", [str(tmp_path / f"after{i}.pid"), 0.01]) for i in range(6)]
+        scheduler.assign("d-other")  # only the thawed daemon is left on the job
+        await eventually(lambda: not scheduler.beats["d-other"].running, what="d-other left the job")
+        await job.submit(*more)
+        await job.collect([t.task_id for t in more], timeout=20)
+        assert {job.outcome(t.task_id).daemon_id for t in more} == {"d-frozen"}, logs

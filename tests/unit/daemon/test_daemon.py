@@ -1,0 +1,169 @@
+"""The daemon's reconciliation, preemption, drain and heartbeats, over fake pipes and real slots."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import pytest
+
+from truba.daemon.daemon import Daemon, DaemonConfig, Wanted
+from truba.daemon.ends import JobPipes
+from truba.pipes.prefetch import Window
+from truba.pipes.testing import FakeListener, FakeSender
+from truba.proto.v1 import common_pb2, daemons_pb2
+from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
+
+
+async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached")
+
+
+@dataclass
+class FakeJob:
+    tasks: FakeListener[TaskMessage]
+    results: FakeSender[ResultMessage]
+    requeue: FakeSender[TaskMessage]
+    dead: FakeSender[GaveUpRecord]
+
+
+class FakePipesDaemon(Daemon):
+    """A daemon whose jobs' pipes are in-memory fakes, one set per job kept across reopenings."""
+
+    def __init__(self, config: DaemonConfig) -> None:
+        super().__init__(config)
+        self.jobs: dict[str, FakeJob] = {}
+
+    def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
+        fake = self.jobs.get(job.tasks_queue)
+        if fake is None or fake.tasks.closed:
+            old = fake
+            fake = FakeJob(FakeListener(), FakeSender(True), FakeSender(True), FakeSender(True))
+            if old is not None:  # what was left in the old listener is still the job's
+                fake.results.sent, fake.requeue.sent = old.results.sent, old.requeue.sent
+            self.jobs[job.tasks_queue] = fake
+        return JobPipes(fake.tasks, fake.results, fake.requeue, fake.dead)
+
+
+def job_slots(job_id: str, handler: str, slots: int, *, immediate: bool = False) -> daemons_pb2.JobSlots:
+    preemption = common_pb2.PREEMPTION_IMMEDIATE if immediate else common_pb2.PREEMPTION_GRACEFUL
+    return daemons_pb2.JobSlots(
+        job_id=job_id,
+        handler=handler,
+        slots=slots,
+        queues=common_pb2.JobQueues(tasks=job_id, results=f"{job_id}.r", dead=f"{job_id}.d"),
+        settings=common_pb2.JobSettings(preemption=preemption),
+    )
+
+
+@pytest.fixture
+async def daemon() -> AsyncIterator[Callable[[int], FakePipesDaemon]]:
+    running: list[tuple[FakePipesDaemon, asyncio.Task[None]]] = []
+
+    def start(slots: int) -> FakePipesDaemon:
+        config = DaemonConfig("127.0.0.1:1", slots, ["tests.handlers.*"], daemon_id="d-test")
+        made = FakePipesDaemon(config)
+        made.welcome(daemons_pb2.Welcome(brokers=[common_pb2.Broker(url="amqp://127.0.0.1:1/", name="b0")]))
+        running.append((made, asyncio.create_task(made.run())))
+        return made
+
+    yield start
+    for made, task in running:
+        made.stop_now()
+        await asyncio.wait_for(task, 20)
+
+
+def assign(d: Daemon, version: int, *jobs: daemons_pb2.JobSlots) -> None:
+    d.assign(daemons_pb2.Assignment(version=version, jobs=list(jobs)))
+
+
+async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
+    daemon: Callable[[int], FakePipesDaemon],
+) -> None:
+    d = daemon(1)
+    assign(d, 1, job_slots("a", "tests.handlers.basic:sleep", 1, immediate=True))
+    await eventually(lambda: "a" in d.jobs)
+    d.jobs["a"].tasks.push(TaskMessage("long", 60))
+    await eventually(lambda: d.heartbeat().stats and d.heartbeat().stats[0].busy_slots == 1)
+    assign(d, 2, job_slots("b", "tests.handlers.faults:stamp", 1))
+    reassigned = time.time()
+    await eventually(lambda: "b" in d.jobs)
+    d.jobs["b"].tasks.push(TaskMessage("first", 0.0))
+    await eventually(lambda: d.jobs["b"].results.sent)
+    began = d.jobs["b"].results.sent[0].value["began"]  # type: ignore[index]
+    assert began - reassigned < 1.0, f"the new job's task started {began - reassigned:.2f} s after"
+    # The interrupted task went back to its queue unspent, acked once that was confirmed.
+    a = d.jobs["a"]
+    assert a.requeue.sent == [TaskMessage("long", 60)] and a.results.sent == []
+    await eventually(lambda: a.tasks.acked == [TaskMessage("long", 60)])
+    await eventually(lambda: a.tasks.closed)  # its consumer is gone
+
+
+async def test_heartbeats_carry_cumulative_stats_and_drain_finishes_running_tasks(
+    daemon: Callable[[int], FakePipesDaemon],
+) -> None:
+    d = daemon(2)
+    assign(d, 7, job_slots("j", "tests.handlers.basic:square", 2))
+    await eventually(lambda: "j" in d.jobs)
+    for i in range(5):
+        d.jobs["j"].tasks.push(TaskMessage(f"t{i}", i if i != 3 else -1))
+    await eventually(lambda: len(d.jobs["j"].tasks.acked) == 5)
+    [stats] = d.heartbeat().stats
+    assert (stats.job_id, stats.done, stats.failed, stats.busy_slots) == ("j", 4, 1, 0)
+    assert stats.service_time > 0 and stats.waiting == 0
+    assert d.heartbeat().applied_version == 7 and not d.heartbeat().draining
+    # The job leaves and comes back: its counters go on from where they were.
+    assign(d, 8)
+    await eventually(lambda: d.jobs["j"].tasks.closed)
+    assign(d, 9, job_slots("j", "tests.handlers.basic:sleep", 2))
+    await eventually(lambda: not d.jobs["j"].tasks.closed)
+    d.jobs["j"].tasks.push(TaskMessage("last", 0.5))
+    await eventually(lambda: d.heartbeat().stats[0].busy_slots == 1)
+    d.drain("test")
+    beat = d.heartbeat()
+    assert beat.draining and beat.running[0].slots >= 1
+    await eventually(lambda: d.jobs["j"].tasks.closed, timeout=5)
+    assert d.jobs["j"].tasks.acked[-1] == TaskMessage("last", 0.5)  # finished, confirmed, acked
+    assert d.heartbeat().stats[0].done == 5
+    await eventually(lambda: d.heartbeat().running == [])
+
+
+async def test_a_drain_with_nothing_running_is_immediate_and_a_second_stop_interrupts(
+    daemon: Callable[[int], FakePipesDaemon],
+) -> None:
+    idle = daemon(1)
+    assign(idle, 1, job_slots("j", "tests.handlers.basic:echo", 1))
+    await eventually(lambda: "j" in idle.jobs)
+    began = time.monotonic()
+    idle.drain("test")
+    await eventually(lambda: idle._stop.is_set(), timeout=5)
+    assert time.monotonic() - began < 1.5
+
+    busy = daemon(1)
+    assign(busy, 1, job_slots("k", "tests.handlers.basic:sleep", 1))
+    await eventually(lambda: "k" in busy.jobs)
+    busy.jobs["k"].tasks.push(TaskMessage("long", 60))
+    await eventually(lambda: busy.heartbeat().stats and busy.heartbeat().stats[0].busy_slots == 1)
+    busy.drain("test")
+    await asyncio.sleep(0.3)
+    assert not busy._stop.is_set()  # draining waits for the task
+    began = time.monotonic()
+    busy.stop_now()
+    await eventually(lambda: busy._stop.is_set(), timeout=5)
+    assert time.monotonic() - began < 1.5
+    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60)]
+    assert busy.jobs["k"].tasks.acked == [TaskMessage("long", 60)]
+
+
+async def test_refused_handlers_are_not_run(daemon: Callable[[int], FakePipesDaemon]) -> None:
+    d = daemon(1)
+    assign(d, 1, job_slots("x", "os:system", 1), job_slots("y", "tests.handlers.basic:echo", 1))
+    await eventually(lambda: "y" in d.jobs)
+    assert "x" not in d.jobs
