@@ -54,9 +54,9 @@ class BlockingJob:
     def id(self) -> str:
         return self._job.id
 
-    def submit(self, payload: object) -> str:
-        """Sends one task; returns its id."""
-        return self._runner.run(self._job.submit(payload))
+    def submit(self, payload: object, *, priority: int | None = None) -> str:
+        """Sends one task; returns its id (see Job.submit)."""
+        return self._runner.run(self._job.submit(payload, priority=priority))
 
     def close(self) -> None:
         """No more tasks."""
@@ -130,6 +130,7 @@ class BlockingClient:
         task_timeout: float | None = None,
         max_attempts: int | None = None,
         queue_type: QueueType = "quorum",
+        priorities: bool = False,
     ) -> BlockingJob:
         """Creates a job; the options are :meth:`truba.Client.create_job`'s."""
         job = self._runner.run(
@@ -143,6 +144,7 @@ class BlockingClient:
                 task_timeout=task_timeout,
                 max_attempts=max_attempts,
                 queue_type=queue_type,
+                priorities=priorities,
             )
         )
         return BlockingJob(job, self._runner)

@@ -28,13 +28,15 @@ from truba.channel import Credentials, open_channel
 from truba.client.errors import map_rpc_errors
 from truba.client.job import Job
 from truba.client.options import Preemption, QueueType, queue_kind, settings_pb
+from truba.pipes.base import Sender
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
+from truba.pipes.route import RouteSender
 from truba.pipes.spool import FsyncPolicy, spool
 from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.queues import JobQueues
-from truba.wire import ResultCodec, TaskCodec
+from truba.wire import ResultCodec, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +122,7 @@ class Client:
         task_timeout: float | None = None,
         max_attempts: int | None = None,
         queue_type: QueueType = "quorum",
+        priorities: bool = False,
     ) -> Job:
         """Creates a job whose tasks daemons run with ``handler`` ("package.module:function").
 
@@ -133,6 +136,8 @@ class Client:
                 at most the brokers' consumer_timeout).
             max_attempts: attempts before a task is given up (None: the scheduler's default, 3).
             queue_type: see :data:`~truba.client.options.QueueType`.
+            priorities: tasks may carry a priority 0-9 (``submit(..., priority=p)``); higher
+                ones are taken first. Needs ``queue_type="classic"`` (RabbitMQ 3.x).
 
         Raises:
             ValueError: an option of the wrong kind (checked before anything is sent).
@@ -147,6 +152,7 @@ class Client:
             task_timeout=task_timeout,
             max_attempts=max_attempts,
             queue_type=queue_type,
+            priorities=priorities,
         )
         request = jobs_pb2.CreateJobRequest(
             handler=handler, importance=importance, name=name, settings=settings
@@ -155,17 +161,39 @@ class Client:
             response = await self.jobs.CreateJob(request)
         info = response.job
         links = [self._link(broker.url) for broker in response.brokers]
-        options = SendOptions(max_unconfirmed=self._max_unconfirmed, max_message_size=self._max_payload)
-        spool_layer = None
-        if self._use_spool:
-            spool_layer = spool(self.spool_path(info.id), fsync=self._spool_fsync)
         # The queues' specs, so a broker that lost them (data wiped) gets them back on reconnect.
         queues = JobQueues(
-            info.queues.tasks, info.queues.results, info.queues.dead, kind=queue_kind(info.settings)
+            info.queues.tasks,
+            info.queues.results,
+            info.queues.dead,
+            kind=queue_kind(info.settings),
+            priorities=info.settings.priorities,
         )
-        tasks = send_stack(
-            TaskCodec(), links, queues.spec(queues.tasks), role="tasks", spool=spool_layer, options=options
-        )
+        priorities = info.settings.priorities
+
+        def task_stack(priority: int) -> Sender[TaskMessage]:
+            # One stack per priority level in use: RabbitMQ reads priority from the AMQP
+            # properties, so each level's leaves publish with their own.
+            options = SendOptions(
+                max_unconfirmed=self._max_unconfirmed,
+                max_message_size=self._max_payload,
+                priority=priority if priorities else None,
+            )
+            spool_layer = None
+            if self._use_spool:
+                folder = self.spool_path(info.id)
+                spool_layer = spool(folder / f"p{priority}" if priority else folder, fsync=self._spool_fsync)
+            return send_stack(
+                TaskCodec(),
+                links,
+                queues.spec(queues.tasks),
+                role="tasks",
+                spool=spool_layer,
+                options=options,
+            )
+
+        tasks: RouteSender[TaskMessage, int] = RouteSender(lambda task: task.priority, task_stack)
+        tasks.route(0)  # the default level opens at once, replaying what its spool holds
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
         log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(links)})

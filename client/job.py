@@ -25,6 +25,7 @@ from truba.client.outcome import Outcome
 from truba.pipes.base import Confirmation, Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError, TrubaError
 from truba.proto.v1 import jobs_pb2
+from truba.queues import MAX_PRIORITY
 from truba.wire import ResultMessage, TaskMessage
 
 if TYPE_CHECKING:
@@ -93,10 +94,15 @@ class Job:
         """Closed, and every submitted task has its outcome."""
         return self._closed and len(self._seen) >= self._submitted
 
-    async def submit(self, payload: object) -> str:
+    async def submit(self, payload: object, *, priority: int | None = None) -> str:
         """Sends one task; returns its id once a broker accepted it for sending.
 
+        Args:
+            priority: 0 (the default) to 9, higher taken first; only for a job created with
+                ``priorities=True``.
+
         Raises:
+            ValueError: a priority on a job without priorities, or out of range (nothing sent).
             PipeClosed: the job was closed.
             CodecError: ``payload`` is not msgpack-serializable.
             MessageTooLarge: ``payload`` is over the client's ``max_payload`` (nothing was sent).
@@ -104,8 +110,13 @@ class Job:
         """
         if self._closed:
             raise PipeClosed(f"job {self.id} is closed: no more tasks")
+        if priority is not None:
+            if not self._info.settings.priorities:
+                raise ValueError(f"priority: job {self.id} was created without priorities=True")
+            if not 0 <= priority <= MAX_PRIORITY:
+                raise ValueError(f"priority: must be 0..{MAX_PRIORITY}, got {priority}")
         task_id = f"{self._prefix}-{next(self._counter)}"
-        message = TaskMessage(task_id, payload)
+        message = TaskMessage(task_id, payload, priority=priority or 0)
         confirmation = await self._tasks.send(message)
         self._confirmations[task_id] = confirmation
         confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))

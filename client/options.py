@@ -30,6 +30,7 @@ def settings_pb(
     task_timeout: float | None = None,
     max_attempts: int | None = None,
     queue_type: QueueType = "quorum",
+    priorities: bool = False,
 ) -> common_pb2.JobSettings:
     """The settings message; None means the scheduler's default.
 
@@ -44,6 +45,8 @@ def settings_pb(
     for name, value in (("min_slots", min_slots), ("max_slots", max_slots), ("max_attempts", max_attempts)):
         if value is not None and value < 0:
             raise ValueError(f"{name}: must be >= 0, got {value}")
+    if priorities and queue_type != "classic":
+        raise ValueError('priorities: need queue_type="classic" (quorum queues of RabbitMQ 3.x have none)')
     if task_timeout is not None and not task_timeout > 0:
         raise ValueError(f"task_timeout: must be > 0 seconds (or None for no limit), got {task_timeout}")
     return common_pb2.JobSettings(
@@ -53,6 +56,7 @@ def settings_pb(
         task_timeout=task_timeout or 0.0,
         max_attempts=max_attempts or 0,
         queue_type=_QUEUE_TYPE[queue_type],
+        priorities=priorities,
     )
 
 

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from truba.pipes.rabbit import QueueSpec
 
+MAX_PRIORITY = 9
+"""Task priorities are 0 (the default) to 9: RabbitMQ advises few levels (each costs memory and
+CPU in the queue)."""
+
 
 @dataclass(frozen=True)
 class JobQueues:
@@ -24,6 +28,8 @@ class JobQueues:
     results: str
     dead: str
     kind: str = "quorum"
+    priorities: bool = False
+    """The task queue is a priority queue (levels 0..:data:`MAX_PRIORITY`)."""
 
     def all(self) -> tuple[str, str, str]:
         """The three names, dead-letter queue first (the other two dead-letter into it)."""
@@ -33,7 +39,12 @@ class JobQueues:
         """How to declare them, in :meth:`all` order."""
         return (
             QueueSpec(self.dead, kind="classic"),
-            QueueSpec(self.tasks, kind=self.kind, dead_letter_to=self.dead),
+            QueueSpec(
+                self.tasks,
+                kind=self.kind,
+                dead_letter_to=self.dead,
+                max_priority=MAX_PRIORITY if self.priorities else None,
+            ),
             QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
         )
 
@@ -49,7 +60,13 @@ class JobQueues:
         raise KeyError(name)
 
 
-def job_queues(job_id: str, kind: str = "quorum") -> JobQueues:
+def job_queues(job_id: str, kind: str = "quorum", *, priorities: bool = False) -> JobQueues:
     """The queues of job ``job_id``."""
     prefix = f"truba.job.{job_id}"
-    return JobQueues(tasks=f"{prefix}.tasks", results=f"{prefix}.results", dead=f"{prefix}.dead", kind=kind)
+    return JobQueues(
+        tasks=f"{prefix}.tasks",
+        results=f"{prefix}.results",
+        dead=f"{prefix}.dead",
+        kind=kind,
+        priorities=priorities,
+    )

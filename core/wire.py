@@ -6,7 +6,7 @@ int, float, str, bytes, lists, dicts); anything else is refused with a CodecErro
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
-    task:   [1, task_id, payload]                                  + [{"attempts": n}]
+    task:   [1, task_id, payload]                                  + [{"attempts": n, "priority": p}]
     result: [1, task_id, ok, value | [type, message, tb], daemon, seconds]
                                                                    + [{"attempts": n, "gave_up": true}]
 
@@ -33,12 +33,15 @@ class TaskMessage:
 
     ``attempts`` counts the attempts already spent on it without an outcome (the slot crashed,
     timed out or ran out of memory, or its daemon or broker connection died); a fresh task has 0.
-    Attempts interrupted on purpose (preemption, draining) are not spent.
+    Attempts interrupted on purpose (preemption, draining) are not spent. ``priority`` (0-9,
+    jobs created with priorities only) travels in the body too, so a task put back into its
+    queue keeps it.
     """
 
     task_id: str
     payload: object
     attempts: int = 0
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,20 +123,27 @@ def _count(extras: dict[object, object], key: str, default: int, what: str) -> i
 
 
 class TaskCodec:
-    """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n}`` once an attempt was spent)."""
+    """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p}`` when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
         fields: list[object] = [FORMAT, message.task_id, message.payload]
+        extras: dict[str, object] = {}
         if message.attempts:
-            fields.append({"attempts": message.attempts})
+            extras["attempts"] = message.attempts
+        if message.priority:
+            extras["priority"] = message.priority
+        if extras:
+            fields.append(extras)
         return _pack(fields, f"task {message.task_id} payload")
 
     def decode(self, data: bytes) -> TaskMessage:
         obj = _unpack(data, "task")
         if len(obj) < 3 or not isinstance(obj[1], str):
             raise CodecError("task: expected [1, task_id: str, payload]")
-        attempts = _count(_extras(obj, 3, "task"), "attempts", 0, "task")
-        return TaskMessage(obj[1], obj[2], attempts)
+        extras = _extras(obj, 3, "task")
+        attempts = _count(extras, "attempts", 0, "task")
+        priority = _count(extras, "priority", 0, "task")
+        return TaskMessage(obj[1], obj[2], attempts, priority)
 
 
 class ResultCodec:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import socket
@@ -30,11 +31,13 @@ from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
+from truba.pipes.base import Sender
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker, redact
-from truba.pipes.stacks import listen_stack, send_stack
+from truba.pipes.route import RouteSender
+from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
-from truba.wire import GaveUpCodec, ResultCodec, TaskCodec
+from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
 REOPEN_DELAY: Final = 1.0
@@ -324,6 +327,12 @@ class Daemon:
             },
         )
 
+    def _requeue_stack(self, job: Wanted, priority: int) -> Sender[TaskMessage]:
+        """Puts tasks back into their queue, each priority level through its own stack (RabbitMQ
+        reads the priority from the AMQP properties; the body keeps it too)."""
+        options = SendOptions(priority=priority if job.settings.priorities else None)
+        return send_stack(TaskCodec(), self._links, job.tasks_queue, role="requeue", options=options)
+
     def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
         """The job's pipes (see truba.pipes.stacks); they connect lazily."""
         return JobPipes(
@@ -336,6 +345,6 @@ class Daemon:
                 dead_letter_queue=job.dead_queue,
             ),
             results=send_stack(ResultCodec(), self._links, job.results_queue, role="results"),
-            requeue=send_stack(TaskCodec(), self._links, job.tasks_queue, role="requeue"),
+            requeue=RouteSender(lambda task: task.priority, functools.partial(self._requeue_stack, job)),
             dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
         )

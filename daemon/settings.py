@@ -21,11 +21,13 @@ class JobSettings:
     ``immediate``: a slot taken away interrupts its running task (else the task finishes first).
     ``task_timeout``: seconds one attempt may run before its slot is killed (None: no limit).
     ``max_attempts``: attempts without an outcome before the task is given up (>= 1).
+    ``priorities``: tasks put back into the queue are published with their own priority.
     """
 
     immediate: bool = False
     task_timeout: float | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    priorities: bool = False
 
     @classmethod
     def from_proto(cls, settings: common_pb2.JobSettings) -> JobSettings:
@@ -33,6 +35,7 @@ class JobSettings:
             immediate=settings.preemption == common_pb2.PREEMPTION_IMMEDIATE,
             task_timeout=settings.task_timeout if settings.task_timeout > 0 else None,
             max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
+            priorities=settings.priorities,
         )
 
     def to_proto(self) -> common_pb2.JobSettings:
@@ -41,4 +44,5 @@ class JobSettings:
             preemption=common_pb2.PREEMPTION_IMMEDIATE if self.immediate else common_pb2.PREEMPTION_GRACEFUL,
             task_timeout=self.task_timeout or 0.0,
             max_attempts=self.max_attempts,
+            priorities=self.priorities,
         )

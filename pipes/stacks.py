@@ -47,6 +47,8 @@ class SendOptions:
     ``max_message_size`` (bytes, encoded) is refused before sending."""
 
     confirm_timeout: float = 30.0
+    priority: int | None = None
+    """AMQP priority of every message sent (a stack per level: see RouteSender)."""
     max_message_size: int | None = DEFAULT_MAX_MESSAGE_SIZE
     max_unconfirmed: int = 1000
     connect_timeout: float = 10.0
@@ -58,7 +60,10 @@ def _sender_connector(
 ) -> Callable[[], Awaitable[RabbitSender]]:
     async def connect() -> RabbitSender:
         return await broker.sender(
-            queue, confirm_timeout=options.confirm_timeout, max_unconfirmed=options.max_unconfirmed
+            queue,
+            confirm_timeout=options.confirm_timeout,
+            max_unconfirmed=options.max_unconfirmed,
+            priority=options.priority,
         )
 
     return connect

@@ -60,7 +60,9 @@ class Assigner:
         clock: Callable[[], float] = time.monotonic,
         first_version: int | None = None,
         policy: Policy | None = None,
+        event_delay: float = REPLAN_DELAY,
     ) -> None:
+        self.event_delay = event_delay
         self._policy = policy or Policy()
         self._registry = registry
         self._jobs = jobs
@@ -93,14 +95,14 @@ class Assigner:
                 "replaced": replaced is not None,
             },
         )
-        self.replan()
+        self._replan_for_event()
 
     def disconnect(self, session: DaemonSession, reason: str) -> None:
         """Forgets ``session`` unless a newer one replaced it, and replans."""
         if self._registry.remove(session):
             log.info("sched.daemon.lost", extra={"daemon_id": session.daemon_id, "reason": reason})
             self._lost(session)
-            self.replan()
+            self._replan_for_event()
 
     def _lost(self, session: DaemonSession) -> None:
         for job_id in self._counters.daemon_lost(session.daemon_id):
@@ -179,7 +181,7 @@ class Assigner:
             )
             self._lost(session)
         if lost:
-            self.replan()
+            self._replan_for_event()
 
     async def watch(self) -> None:
         """Calls :meth:`expire` twice per heartbeat interval, until cancelled."""
@@ -198,6 +200,15 @@ class Assigner:
             except RuntimeError:  # no loop (a synchronous test): the next event replans
                 return
             self._soon = loop.call_later(REPLAN_DELAY, self.replan)
+
+    def _replan_for_event(self) -> None:
+        """Daemons connecting or leaving replan after :attr:`event_delay` seconds, so that a
+        thousand of them reconnecting at once cost one plan, not a thousand (each plan covers
+        every daemon: planning per event is quadratic in a storm)."""
+        if self.event_delay <= 0:
+            self.replan()
+        else:
+            self.replan_soon()
 
     def replan(self) -> None:
         """Plans again and pushes a new assignment to every daemon whose share changed."""

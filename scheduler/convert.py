@@ -45,6 +45,7 @@ def settings_pb(settings: JobSettings) -> common_pb2.JobSettings:
         task_timeout=settings.task_timeout,
         max_attempts=settings.max_attempts,
         queue_type=_QUEUE_TYPE[settings.queue_type],
+        priorities=settings.priorities,
     )
 
 

@@ -68,6 +68,7 @@ class JobSettings:
     task_timeout: float = 0.0
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     queue_type: QueueType = QueueType.QUORUM
+    priorities: bool = False
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ class Job:
 
     @property
     def queues(self) -> JobQueues:
-        return job_queues(self.id, self.settings.queue_type.value)
+        return job_queues(self.id, self.settings.queue_type.value, priorities=self.settings.priorities)
 
     @property
     def runnable(self) -> bool:

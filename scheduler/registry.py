@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import final
@@ -31,8 +32,9 @@ class DaemonInfo:
     pid: int = 0
     version: str = ""
 
-    @property
+    @functools.cached_property
     def capacity(self) -> Capacity:
+        """What the planner sees of this daemon (made once: every plan reads every daemon's)."""
         return Capacity(self.daemon_id, self.slots, self.allow)
 
 

@@ -250,4 +250,5 @@ def settings_from_json(text: str) -> JobSettings:
         task_timeout=float(data.get("task_timeout", defaults.task_timeout)),
         max_attempts=int(data.get("max_attempts", defaults.max_attempts)),
         queue_type=QueueType(data.get("queue_type", defaults.queue_type.value)),
+        priorities=bool(data.get("priorities", defaults.priorities)),
     )

@@ -173,8 +173,11 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
         raise InvalidArgument(
             "settings.max_attempts", f"must be at most {MAX_ATTEMPTS}, got {settings.max_attempts}"
         )
-    if settings.priorities:
-        raise InvalidArgument("settings.priorities", "task priorities are not supported yet")
+    if settings.priorities and queue_type is not QueueType.CLASSIC:
+        raise InvalidArgument(
+            "settings.priorities",
+            "needs queue_type classic: quorum queues of RabbitMQ 3.x have no priorities",
+        )
     return JobSettings(
         min_slots=settings.min_slots,
         max_slots=settings.max_slots,
@@ -182,4 +185,5 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
         task_timeout=timeout,
         max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
         queue_type=queue_type,
+        priorities=settings.priorities,
     )

@@ -31,15 +31,19 @@ class QueueSpec:
     """A durable queue and how it dead-letters.
 
     ``kind`` is ``"quorum"`` (the default: fsync before confirm, a delivery count) or
-    ``"classic"``. ``dead_letter_to`` names the queue rejected messages go to.
+    ``"classic"``. ``dead_letter_to`` names the queue rejected messages go to. ``max_priority``
+    makes a priority queue (classic queues only on RabbitMQ 3.x).
     """
 
     name: str
     kind: str = "quorum"
     dead_letter_to: str | None = None
+    max_priority: int | None = None
 
     def arguments(self) -> dict[str, FieldValue]:
         args: dict[str, FieldValue] = {"x-queue-type": self.kind}
+        if self.max_priority is not None:
+            args["x-max-priority"] = self.max_priority
         if self.kind == "quorum":
             args["x-delivery-limit"] = DELIVERY_LIMIT
         if self.dead_letter_to is not None:
@@ -104,6 +108,7 @@ class RabbitConnection:
         *,
         confirm_timeout: float = 30.0,
         max_unconfirmed: int = 1000,
+        priority: int | None = None,
     ) -> RabbitSender:
         """A sender publishing to ``queue`` through the default exchange on a confirm channel.
 
@@ -121,7 +126,7 @@ class RabbitConnection:
                 await self.declare(spec)
 
         channel = await self._channel(confirms=True)
-        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed, redeclare)
+        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed, redeclare, priority)
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
         """A listener consuming ``queue`` with at most ``prefetch`` unsettled deliveries.
@@ -216,12 +221,17 @@ class RabbitBroker:
             return self._connection
 
     async def sender(
-        self, queue: str | QueueSpec, *, confirm_timeout: float = 30.0, max_unconfirmed: int = 1000
+        self,
+        queue: str | QueueSpec,
+        *,
+        confirm_timeout: float = 30.0,
+        max_unconfirmed: int = 1000,
+        priority: int | None = None,
     ) -> RabbitSender:
         """A fresh sending leaf on the shared connection (a connector for reopen)."""
         connection = await self.connection()
         return await connection.sender(
-            queue, confirm_timeout=confirm_timeout, max_unconfirmed=max_unconfirmed
+            queue, confirm_timeout=confirm_timeout, max_unconfirmed=max_unconfirmed, priority=priority
         )
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:

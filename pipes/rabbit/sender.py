@@ -29,7 +29,8 @@ class RabbitSender:
     connection) breaks the sender: its messages stay in ``unconfirmed()``. A nack or an
     unroutable return fails that message's confirmation with MessageRejected and keeps it too;
     after a return, ``redeclare`` (if given) is run once in the background, so a queue that
-    vanished with a broker's data is back when the message is sent again.
+    vanished with a broker's data is back when the message is sent again. Every message carries
+    ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender).
     """
 
     def __init__(
@@ -40,8 +41,10 @@ class RabbitSender:
         confirm_timeout: float,
         max_unconfirmed: int,
         redeclare: Callable[[], Awaitable[None]] | None = None,
+        priority: int | None = None,
     ) -> None:
         self._channel = channel
+        self._priority = priority
         self._redeclare = redeclare
         self._redeclaring: asyncio.Task[None] | None = None
         self._queue = queue
@@ -92,7 +95,7 @@ class RabbitSender:
         return confirmation
 
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
-        amqp_message = aio_pika.Message(body, delivery_mode=PERSISTENT)
+        amqp_message = aio_pika.Message(body, delivery_mode=PERSISTENT, priority=self._priority)
         try:
             with map_amqp_errors(f"publish to {self._queue} on {redact(self._url)}"):
                 await self._channel.default_exchange.publish(

@@ -129,3 +129,12 @@ def test_a_give_up_reaches_the_client_as_an_outcome_that_raises_task_gave_up() -
     with pytest.raises(TaskFailed) as failed:
         plain.result()
     assert not isinstance(failed.value, TaskGaveUp) and plain.attempts == 1
+
+
+def test_a_task_priority_travels_in_the_extras_and_defaults_to_zero() -> None:
+    codec = TaskCodec()
+    task = TaskMessage("t", [1], attempts=2, priority=7)
+    assert codec.decode(codec.encode(task)) == task
+    plain = TaskMessage("t", [1])
+    assert codec.decode(codec.encode(plain)).priority == 0
+    assert len(codec.encode(plain)) < len(codec.encode(TaskMessage("t", [1], priority=1)))

@@ -31,7 +31,7 @@ class Jobs:
 def make(clock: ManualClock) -> tuple[Assigner, Jobs, DaemonRegistry]:
     jobs = Jobs()
     registry = DaemonRegistry()
-    assigner = Assigner(registry, jobs, heartbeat_interval=1.0, clock=clock, first_version=100)
+    assigner = Assigner(registry, jobs, heartbeat_interval=1.0, clock=clock, first_version=100, event_delay=0)
     return assigner, jobs, registry
 
 

@@ -29,7 +29,7 @@ class World:
 
 @pytest.fixture
 async def world(cluster: FakeCluster, store: SqliteJobStore, clock: ManualClock) -> AsyncIterator[World]:
-    assigner = Assigner(DaemonRegistry(), store.list, heartbeat_interval=1.0, clock=clock)
+    assigner = Assigner(DaemonRegistry(), store.list, heartbeat_interval=1.0, clock=clock, event_delay=0)
     janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
     jobs = JobLifecycle(store, cluster.brokers, janitor, assigner, clock=clock, delete_wait=1.0)
     yield World(jobs, assigner, janitor, store, cluster)

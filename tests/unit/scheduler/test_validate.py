@@ -143,3 +143,10 @@ def test_settings_are_converted() -> None:
 def test_bad_settings_name_their_field(given: common_pb2.JobSettings, field: str) -> None:
     with pytest.raises(InvalidArgument, match=f"^{field}: "):
         check_settings(given, consumer_timeout=1800)
+
+
+def test_priorities_need_a_classic_queue() -> None:
+    given = common_pb2.JobSettings(priorities=True, queue_type=common_pb2.QUEUE_TYPE_CLASSIC)
+    assert check_settings(given, consumer_timeout=1800).priorities
+    with pytest.raises(InvalidArgument, match="^settings.priorities: needs queue_type classic"):
+        check_settings(common_pb2.JobSettings(priorities=True), consumer_timeout=1800)

@@ -1,0 +1,44 @@
+"""Task priorities end to end: a job created with priorities takes higher ones first."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from tests.integration.test_end_to_end import Cluster
+from truba.client import Client
+
+pytestmark = pytest.mark.integration
+
+
+async def test_high_priority_tasks_overtake_a_backlog_of_low_ones(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    cluster = Cluster(tmp_path, rabbit_nodes)
+    try:
+        await asyncio.to_thread(cluster.start, 1, 1)
+        async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
+            with pytest.raises(ValueError, match="queue_type"):
+                await client.create_job("tests.handlers.basic:sleep", priorities=True)
+            job = await client.create_job("tests.handlers.basic:sleep", priorities=True, queue_type="classic")
+            low = [await job.submit(0.1) for _ in range(20)]
+            high = [await job.submit(0.1, priority=9) for _ in range(5)]
+            with pytest.raises(ValueError, match="priority: must be 0..9"):
+                await job.submit(0.1, priority=10)
+            await job.close()
+            order = [outcome.task_id async for outcome in job.results()]
+            plain = await client.create_job("tests.handlers.basic:sleep")
+            with pytest.raises(ValueError, match="without priorities=True"):
+                await plain.submit(0.1, priority=1)
+            await plain.cancel()
+        assert sorted(order) == sorted(low + high)
+        # The slot had started on the first low tasks (one per broker may be held); after
+        # those, every high one comes before the rest of the backlog.
+        assert max(order.index(t) for t in high) < 10, order
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        await asyncio.to_thread(cluster.local.stop)
