@@ -10,6 +10,7 @@ from truba.client.errors import (
     Unavailable,
 )
 from truba.client.job import Job
+from truba.client.options import JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "FailedPrecondition",
     "InvalidArgument",
     "Job",
+    "JobOptions",
     "NotFound",
     "Outcome",
     "SchedulerError",

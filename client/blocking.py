@@ -15,11 +15,11 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
-from typing import TypeVar
+from typing import TypeVar, Unpack
 
 from truba.client.client import Client
 from truba.client.job import Job
-from truba.client.options import Preemption, QueueType
+from truba.client.options import JobOptions
 from truba.client.outcome import Outcome
 from truba.proto.v1 import jobs_pb2
 
@@ -119,34 +119,10 @@ class BlockingClient:
         self.close()
 
     def create_job(
-        self,
-        handler: str,
-        importance: float = 1.0,
-        *,
-        name: str = "",
-        min_slots: int = 0,
-        max_slots: int | None = None,
-        preemption: Preemption = "graceful",
-        task_timeout: float | None = None,
-        max_attempts: int | None = None,
-        queue_type: QueueType = "quorum",
-        priorities: bool = False,
+        self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
     ) -> BlockingJob:
-        """Creates a job; the options are :meth:`truba.Client.create_job`'s."""
-        job = self._runner.run(
-            self._client.create_job(
-                handler,
-                importance,
-                name=name,
-                min_slots=min_slots,
-                max_slots=max_slots,
-                preemption=preemption,
-                task_timeout=task_timeout,
-                max_attempts=max_attempts,
-                queue_type=queue_type,
-                priorities=priorities,
-            )
-        )
+        """Creates a job; the arguments are :meth:`truba.Client.create_job`'s."""
+        job = self._runner.run(self._client.create_job(handler, importance, name=name, **options))
         return BlockingJob(job, self._runner)
 
     def get_job_info(self, job_id: str) -> jobs_pb2.Job:

@@ -21,13 +21,14 @@ import os
 import socket
 from pathlib import Path
 from types import TracebackType
+from typing import Unpack
 
 import grpc.aio
 
 from truba.channel import Credentials, open_channel
 from truba.client.errors import map_rpc_errors
 from truba.client.job import Job
-from truba.client.options import Preemption, QueueType, queue_kind, settings_pb
+from truba.client.options import JobOptions, queue_kind, settings_pb
 from truba.pipes.base import Sender
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
@@ -111,18 +112,7 @@ class Client:
         return self._stub
 
     async def create_job(
-        self,
-        handler: str,
-        importance: float = 1.0,
-        *,
-        name: str = "",
-        min_slots: int = 0,
-        max_slots: int | None = None,
-        preemption: Preemption = "graceful",
-        task_timeout: float | None = None,
-        max_attempts: int | None = None,
-        queue_type: QueueType = "quorum",
-        priorities: bool = False,
+        self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
     ) -> Job:
         """Creates a job whose tasks daemons run with ``handler`` ("package.module:function").
 
@@ -130,14 +120,9 @@ class Client:
             importance: the job's weight in the cluster's fair share (> 0); can change later
                 with :meth:`Job.set_importance`.
             name: shown in listings.
-            min_slots, max_slots: bounds on the job's slots (None: no upper bound).
-            preemption: see :data:`~truba.client.options.Preemption`.
-            task_timeout: seconds an attempt may run before its slot is killed (None: no limit;
-                at most the brokers' consumer_timeout).
-            max_attempts: attempts before a task is given up (None: the scheduler's default, 3).
-            queue_type: see :data:`~truba.client.options.QueueType`.
-            priorities: tasks may carry a priority 0-9 (``submit(..., priority=p)``); higher
-                ones are taken first. Needs ``queue_type="classic"`` (RabbitMQ 3.x).
+            options: the job's settings, see :class:`~truba.client.options.JobOptions`
+                (``min_slots``, ``max_slots``, ``preemption``, ``task_timeout``,
+                ``max_attempts``, ``queue_type``, ``priorities``).
 
         Raises:
             ValueError: an option of the wrong kind (checked before anything is sent).
@@ -145,15 +130,7 @@ class Client:
             FailedPrecondition: no connected daemon allows this handler.
             Unavailable: the scheduler or a broker cannot be reached.
         """
-        settings = settings_pb(
-            min_slots=min_slots,
-            max_slots=max_slots,
-            preemption=preemption,
-            task_timeout=task_timeout,
-            max_attempts=max_attempts,
-            queue_type=queue_type,
-            priorities=priorities,
-        )
+        settings = settings_pb(**options)
         request = jobs_pb2.CreateJobRequest(
             handler=handler, importance=importance, name=name, settings=settings
         )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from typing import Final, Literal, TypedDict, Unpack
 
 from truba.proto.v1 import common_pb2
 
@@ -22,22 +22,43 @@ _PREEMPTION: Final = {
 _QUEUE_TYPE: Final = {"quorum": common_pb2.QUEUE_TYPE_QUORUM, "classic": common_pb2.QUEUE_TYPE_CLASSIC}
 
 
-def settings_pb(
-    *,
-    min_slots: int = 0,
-    max_slots: int | None = None,
-    preemption: Preemption = "graceful",
-    task_timeout: float | None = None,
-    max_attempts: int | None = None,
-    queue_type: QueueType = "quorum",
-    priorities: bool = False,
-) -> common_pb2.JobSettings:
-    """The settings message; None means the scheduler's default.
+class JobOptions(TypedDict, total=False):
+    """A job's settings, as keyword arguments of ``create_job`` (each optional).
+
+    Attributes:
+        min_slots, max_slots: bounds on the job's slots (``max_slots`` None: no upper bound).
+        preemption: see :data:`Preemption` (default ``"graceful"``).
+        task_timeout: seconds an attempt may run before its slot is killed (None: no limit; at
+            most the brokers' consumer_timeout).
+        max_attempts: attempts before a task is given up (None: the scheduler's default, 3).
+        queue_type: see :data:`QueueType` (default ``"quorum"``).
+        priorities: tasks may carry a priority 0-9 (``submit(..., priority=p)``), higher ones
+            taken first; needs ``queue_type="classic"`` (RabbitMQ 3.x).
+    """
+
+    min_slots: int
+    max_slots: int | None
+    preemption: Preemption
+    task_timeout: float | None
+    max_attempts: int | None
+    queue_type: QueueType
+    priorities: bool
+
+
+def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
+    """The settings message of ``options``; None means the scheduler's default.
 
     Raises:
         ValueError: an unknown ``preemption`` or ``queue_type``, or a negative number (the
             scheduler checks ranges too and names the field).
     """
+    min_slots = options.get("min_slots", 0)
+    max_slots = options.get("max_slots")
+    preemption = options.get("preemption", "graceful")
+    task_timeout = options.get("task_timeout")
+    max_attempts = options.get("max_attempts")
+    queue_type = options.get("queue_type", "quorum")
+    priorities = options.get("priorities", False)
     if preemption not in _PREEMPTION:
         raise ValueError(f"preemption: must be one of {sorted(_PREEMPTION)}, got {preemption!r}")
     if queue_type not in _QUEUE_TYPE:

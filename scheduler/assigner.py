@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 
 MISSED_HEARTBEATS: Final = 3
 REPLAN_DELAY: Final = 0.1
-"""Seconds a demand change may wait for the next plan (coalescing reports)."""
+"""Seconds daemons connecting or leaving (and plans cut short) wait for the next plan."""
+DEMAND_REPLAN_DELAY: Final = 0.5
+"""Seconds a change of demand may wait for the next plan (coalescing reports)."""
 
 
 @final
@@ -156,7 +158,7 @@ class Assigner:
             log.info("sched.daemon.draining", extra={"daemon_id": session.daemon_id})
             self.replan()
         elif changed:
-            self.replan_soon()
+            self.demand_changed()
         stale = session.version and heartbeat.applied_version != session.version
         if stale and now - session.sent_at >= 2 * self.heartbeat_interval:
             log.info(
@@ -191,15 +193,24 @@ class Assigner:
 
     # -- planning ------------------------------------------------------------------------------
 
-    def replan_soon(self) -> None:
-        """Replans within :data:`REPLAN_DELAY` seconds; calls in between are coalesced (demand
-        changes with every report, the plan need not follow each one)."""
-        if self._soon is None:
-            try:
-                loop = asyncio.get_running_loop()
-            except RuntimeError:  # no loop (a synchronous test): the next event replans
+    def replan_soon(self, delay: float = REPLAN_DELAY) -> None:
+        """Replans within ``delay`` seconds; calls in between are coalesced into one plan (a
+        sooner deadline moves the pending plan forward)."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): the next event replans
+            return
+        due = loop.time() + delay
+        if self._soon is not None:
+            if self._soon.when() <= due:
                 return
-            self._soon = loop.call_later(REPLAN_DELAY, self.replan)
+            self._soon.cancel()
+        self._soon = loop.call_later(delay, self.replan)
+
+    def demand_changed(self) -> None:
+        """Counters moved: replan within :data:`DEMAND_REPLAN_DELAY` (demand drifts with every
+        report; following each would cost a plan per heartbeat)."""
+        self.replan_soon(DEMAND_REPLAN_DELAY)
 
     def _replan_for_event(self) -> None:
         """Daemons connecting or leaving replan after :attr:`event_delay` seconds, so that a

@@ -218,7 +218,7 @@ class JobLifecycle:
                 "sched.job.progress", extra={"job_id": job.id, "submitted": submitted, "received": received}
             )
             self.events.publish(job.id, EventKind.PROGRESS)
-            self._assigner.replan_soon()
+            self._assigner.demand_changed()
 
     async def finish(self, job_id: str) -> Job:
         """The client has every outcome: deletes the job's queues; the job is FINISHED.

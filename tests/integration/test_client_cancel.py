@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_end_to_end import Cluster, _queues_of
+from tests.integration.processes import queues_of, running
 from truba.client import Client, TaskCancelled
 from truba.proto.v1 import jobs_pb2
 
@@ -20,9 +20,7 @@ TASKS = 40
 async def test_cancel_gives_every_pending_task_a_cancelled_outcome(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
-    cluster = Cluster(tmp_path, rabbit_nodes)
-    try:
-        await asyncio.to_thread(cluster.start, 1, 2)
+    async with running(tmp_path, rabbit_nodes, daemons=1, slots=2) as cluster:
         async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
             job = await client.create_job("tests.handlers.basic:sleep")
             for _ in range(TASKS):
@@ -42,10 +40,5 @@ async def test_cancel_gives_every_pending_task_a_cancelled_outcome(
         with pytest.raises(TaskCancelled, match="cancelled with its job"):
             cancelled[0].result()
         assert info.state == jobs_pb2.JOB_STATE_CANCELLED
-        assert await asyncio.to_thread(_queues_of, job.id, rabbit_nodes) == []
+        assert await asyncio.to_thread(queues_of, job.id, rabbit_nodes) == []
         assert not (tmp_path / "spool" / job.id).exists()
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        await asyncio.to_thread(cluster.local.stop)

@@ -11,34 +11,9 @@ import pika
 import pytest
 
 import truba
-from truba.local.cluster import LocalCluster, TrubaProcess
+from tests.integration.processes import Cluster, queues_of
 
 pytestmark = pytest.mark.integration
-
-ALLOW = ["tests.handlers.*", "examples.*"]
-
-
-class Cluster:
-    """A scheduler and daemons as real subprocesses over the given brokers."""
-
-    def __init__(self, state: Path, brokers: list[object]) -> None:
-        self.local = LocalCluster(state)
-        self.brokers = brokers
-        self.daemons: list[TrubaProcess] = []
-
-    def start(self, daemons: int = 2, slots: int = 2) -> None:
-        urls = [b.url for b in self.brokers]  # type: ignore[attr-defined]
-        self.local.start_scheduler(urls, "127.0.0.1:0", "--heartbeat-interval", "0.5")
-        for i in range(daemons):
-            self.daemons.append(self.local.start_daemon(f"d{i}", slots, ALLOW))
-        self.local.wait_for_daemons(daemons)
-
-    @property
-    def address(self) -> str:
-        return self.local.address
-
-    def logs(self) -> str:
-        return "\n".join(f"--- {p.name}\n{p.log()[-4000:]}" for p in self.local.processes)
 
 
 @pytest.fixture
@@ -51,13 +26,6 @@ def cluster(rabbit_nodes: list[object], tmp_path: Path) -> Iterator[Cluster]:
         running.local.stop()
 
 
-def _queues_of(job_id: str, brokers: list[object]) -> list[str]:
-    names = []
-    for broker in brokers:
-        names += [q for q in broker.list_queues() if job_id in q]  # type: ignore[attr-defined]
-    return names
-
-
 def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_deleted(
     cluster: Cluster, rabbit_nodes: list[object]
 ) -> None:
@@ -65,7 +33,7 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     payloads[777] = -1  # the handler raises for -1
     with truba.connect(cluster.address) as client:
         job = client.create_job(handler="tests.handlers.basic:square", importance=1.0)
-        assert len(_queues_of(job.id, rabbit_nodes)) == 6  # tasks, results, dead on both brokers
+        assert len(queues_of(job.id, rabbit_nodes)) == 6  # tasks, results, dead on both brokers
         began = time.perf_counter()
         outcomes = job.map(payloads)
         seconds = time.perf_counter() - began
@@ -83,7 +51,7 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     # Both daemons worked on it.
     assert len({o.daemon_id for o in outcomes}) == 2
     assert info.state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED
-    assert _queues_of(job.id, rabbit_nodes) == []
+    assert queues_of(job.id, rabbit_nodes) == []
 
 
 def test_a_daemon_killed_halfway_loses_no_outcome(cluster: Cluster) -> None:

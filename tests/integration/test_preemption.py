@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_end_to_end import Cluster
+from tests.integration.processes import running
 from truba.client import Client
 from truba.client.options import Preemption
 
@@ -25,9 +25,7 @@ LOW_TASK = 4.0
 async def test_an_important_job_gets_its_share_in_time_and_nothing_is_lost(
     rabbit_nodes: list[object], tmp_path: Path, mode: Preemption
 ) -> None:
-    cluster = Cluster(tmp_path, rabbit_nodes)
-    try:
-        await asyncio.to_thread(cluster.start, 2, 2)
+    async with running(tmp_path, rabbit_nodes, daemons=2, slots=2) as cluster:
         async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
             # Given a low-importance job running long tasks on every slot
             low = await client.create_job("tests.handlers.timing:started_at", 1.0, preemption=mode)
@@ -52,8 +50,3 @@ async def test_an_important_job_gets_its_share_in_time_and_nothing_is_lost(
         assert max(waited) <= bound
         # And the low job still has exactly one outcome per task
         assert len(low_outcomes) == 2 * SLOTS and set(low_outcomes.values()) == {1}
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        await asyncio.to_thread(cluster.local.stop)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
 
-from tests.integration.test_end_to_end import Cluster
+from tests.integration.processes import running
 from truba.client import Client
 
 pytestmark = pytest.mark.integration
@@ -16,9 +15,7 @@ pytestmark = pytest.mark.integration
 async def test_high_priority_tasks_overtake_a_backlog_of_low_ones(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
-    cluster = Cluster(tmp_path, rabbit_nodes)
-    try:
-        await asyncio.to_thread(cluster.start, 1, 1)
+    async with running(tmp_path, rabbit_nodes, daemons=1, slots=1) as cluster:
         async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
             with pytest.raises(ValueError, match="queue_type"):
                 await client.create_job("tests.handlers.basic:sleep", priorities=True)
@@ -37,8 +34,3 @@ async def test_high_priority_tasks_overtake_a_backlog_of_low_ones(
         # The slot had started on the first low tasks (one per broker may be held); after
         # those, every high one comes before the rest of the backlog.
         assert max(order.index(t) for t in high) < 10, order
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        await asyncio.to_thread(cluster.local.stop)

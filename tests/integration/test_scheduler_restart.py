@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.test_end_to_end import Cluster
+from tests.integration.processes import running
 from truba.client import Client
 from truba.proto.v1 import jobs_pb2
 
@@ -25,12 +25,10 @@ TASKS = 400
 async def test_a_scheduler_killed_mid_jobs_and_restarted_loses_and_duplicates_nothing(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
-    cluster = Cluster(tmp_path, rabbit_nodes)
-    try:
-        await asyncio.to_thread(cluster.start, 2, 2)
+    seen: dict[str, collections.Counter[str]] = {}
+    async with running(tmp_path, rabbit_nodes, daemons=2, slots=2) as cluster:
         scheduler = cluster.local.processes[0]
         address = cluster.address
-        seen: dict[str, collections.Counter[str]] = {}
         async with Client(address, spool_dir=tmp_path / "spool") as client:
             jobs = [
                 await client.create_job("tests.handlers.basic:sleep", importance=1.0),
@@ -55,17 +53,12 @@ async def test_a_scheduler_killed_mid_jobs_and_restarted_loses_and_duplicates_no
             await asyncio.wait_for(halfway.wait(), 60)
             scheduler.kill()
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(cluster.local.start_scheduler, [b.url for b in rabbit_nodes], address)  # type: ignore[attr-defined]
+            await asyncio.to_thread(cluster.local.start_scheduler, cluster.broker_urls, address)
             assert cluster.address == address
             await asyncio.wait_for(asyncio.gather(*consumers), 120)
             for job in jobs:
                 info = await client.get_job_info(job.id)
                 assert info.state == jobs_pb2.JOB_STATE_FINISHED
-    except BaseException:
-        print(cluster.logs())
-        raise
-    finally:
-        await asyncio.to_thread(cluster.local.stop)
     for job_id, counter in seen.items():
         assert len(counter) == TASKS, f"job {job_id}: {len(counter)} outcomes of {TASKS}"
         assert set(counter.values()) == {1}, f"job {job_id}: an outcome was delivered twice"
