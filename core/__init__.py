@@ -34,6 +34,7 @@ _EXPORTS = {
     "Unavailable": "truba.client",
     "connect": "truba.client",
     "ErrorInfo": "truba.wire",
+    "batch": "truba.handlers",
     "TrubaError": "truba.pipes.errors",
 }
 
@@ -53,6 +54,7 @@ __all__ = [
     "TaskGaveUp",
     "TrubaError",
     "Unavailable",
+    "batch",
     "connect",
 ]
 
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         Unavailable,
         connect,
     )
+    from truba.handlers import batch
     from truba.pipes.errors import TrubaError
     from truba.wire import ErrorInfo
 

@@ -293,10 +293,14 @@ class Daemon:
     def _window_for(self, slots: int, job_id: str) -> int:
         """Prefetch: the job's slots, plus ``prefetch_extra`` only for a job whose tasks are
         known to be short (then the round trip to fetch the next task is a large part of a
-        task's time); longer tasks get no extra, so no daemon holds a task it is not running."""
+        task's time); longer tasks get no extra, so no daemon holds a task it is not running.
+        A batch handler's slot needs ``max_size`` deliveries at hand (its runner learns that from
+        the first slot that describes the handler, and widens the window itself then)."""
         stats = self._stats.get(job_id)
         short = stats is not None and 0.0 < stats.service_time < SHORT_TASK
-        return max(1, slots + (self.config.prefetch_extra if short else 0))
+        runner = self._runners.get(job_id)
+        per_slot = runner.per_slot if runner is not None else 1
+        return max(1, slots * per_slot + (self.config.prefetch_extra if short else 0))
 
     def _open_runner(self, job_id: str, job: Wanted) -> None:
         window = Window(self._window_for(job.slots, job_id))

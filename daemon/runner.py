@@ -11,6 +11,10 @@ once when it drops. Busy workers leave after their task (graceful preemption), o
 with immediate preemption, are interrupted: the slot is killed and restarted, the task goes back
 to its queue without spending an attempt, and the slot is free within milliseconds.
 
+A batch handler (:mod:`truba.handlers`) gets up to ``max_size`` tasks per call on one slot
+(:mod:`truba.daemon.batching`): the runner learns it by asking a slot to describe the handler
+before its first task, and then holds up to ``slots * max_size`` deliveries (the window).
+
 After a task a slot is recycled (replaced by a fresh process) when it ran ``max_tasks`` tasks or
 its private memory passed the soft limit; a slot passing the hard limit during a task is killed
 and the attempt spent.
@@ -28,11 +32,13 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from truba.daemon.attempts import LOST, Verdict, admit, after_failure
+from truba.daemon.batching import collect, supervised
 from truba.daemon.ends import JobPipes, TaskEnds
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, run_attempt
+from truba.handlers import BatchSpec
 from truba.logs import bind
 from truba.pipes.base import Delivery
 from truba.pipes.errors import PipeClosed, PipeError
@@ -118,6 +124,8 @@ class JobRunner:
         self._closing = False
         self._now = False
         self._stopping: asyncio.Future[None] | None = None
+        self._specs: dict[str, BatchSpec | None] = {}
+        """What a slot said about each handler this runner ran (None: one task at a time)."""
 
     # -- what the daemon steers -----------------------------------------------------------------
 
@@ -125,6 +133,13 @@ class JobRunner:
     def active(self) -> int:
         """Workers holding a slot (leaving ones included until they let go)."""
         return len(self._workers)
+
+    @property
+    def per_slot(self) -> int:
+        """Deliveries one slot needs at hand: a batch handler's ``max_size``, else 1 (also while
+        no slot has described the handler yet)."""
+        spec = self._specs.get(self.handler)
+        return spec.max_size if spec is not None else 1
 
     @property
     def staying(self) -> int:
@@ -242,10 +257,19 @@ class JobRunner:
             log.debug("daemon.worker.started", extra={"handler": self.handler})
             try:
                 while not self._leaves(worker):
+                    if self.handler not in self._specs and not await self._describe(worker):
+                        continue
+                    spec = self._specs[self.handler]
                     delivery = await self._take(worker)
-                    if delivery is not None:
+                    if delivery is None:
+                        continue
+                    if spec is None:
                         await self._handle(worker, delivery)
                         await self.ends.wait(max(1, self.target))  # backpressure on confirms
+                    else:
+                        batch = await collect(self.pipes.tasks, delivery, spec, lambda: self._taken(worker))
+                        await self._handle_batch(worker, batch)
+                        await self.ends.wait(max(1, self.target) * spec.max_size)
             except PipeClosed:
                 pass
             except PipeError as exc:
@@ -258,6 +282,33 @@ class JobRunner:
                 log.debug("daemon.worker.left")
                 del self._workers[worker]
                 self.release(worker.slot)
+
+    def _taken(self, worker: Worker) -> bool:
+        """The worker should stop collecting a batch: it leaves or is being interrupted."""
+        return worker.leaving or self._closing or worker.interrupt.is_set()
+
+    async def _describe(self, worker: Worker) -> bool:
+        """Asks the worker's slot whether the handler is a batch handler; False if interrupted.
+
+        This imports the handler, as its first task would, under the same limits. A slot that
+        dies or hangs on it makes the handler a one-task one: its tasks then meet the same fate
+        one by one and spend attempts as usual.
+        """
+        handler = self.handler
+        limits = Limits(self.settings.task_timeout, self.policy.memory_hard)
+        worker.interrupt.clear()
+        end, spec = await supervised(worker.slot, worker.slot.describe(handler), limits, worker.interrupt)
+        if end.ending is Ending.INTERRUPTED:
+            return False
+        self._specs[handler] = spec
+        log.info(
+            "daemon.job.described",
+            extra={"max_size": spec.max_size if spec else None, "how": end.ending.value},
+        )
+        if spec is not None:
+            with contextlib.suppress(PipeError):  # a leaf gone under the resize applies it on reopen
+                await self.window.resize(max(self.window.size, max(1, self.target) * spec.max_size))
+        return True
 
     async def _take(self, worker: Worker) -> Delivery[TaskMessage] | None:
         """The next delivery, or None on timeout or when the runner wakes this worker."""
@@ -301,26 +352,77 @@ class JobRunner:
     async def _handle(self, worker: Worker, delivery: Delivery[TaskMessage]) -> None:
         task = delivery.message
         with bind(task_id=task.task_id):
-            self.stats.waiting += 1
-            try:
-                log.debug(
-                    "daemon.task.received",
-                    extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
-                )
-                admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
-                if admission.verdict is Verdict.GIVE_UP:
-                    await self._give_up(delivery, task, admission.spent, admission.error)
-                    return
-                taken_away = self._now or (worker.leaving and self.settings.immediate)
-                if admission.verdict is Verdict.RECOUNT or taken_away:
-                    # Recount (classic queue: a death to write into the task), or this worker is
-                    # being taken away right now: back to the queue, nothing spent by us.
-                    reason = "recount" if admission.verdict is Verdict.RECOUNT else "released"
-                    await self._requeue(delivery, _with(task, admission.spent), reason)
-                    return
-            finally:
-                self.stats.waiting -= 1
-            await self._run(worker, delivery, task, admission.spent)
+            spent = await self._admit(worker, delivery)
+            if spent is not None:
+                await self._run(worker, delivery, task, spent)
+
+    async def _admit(self, worker: Worker, delivery: Delivery[TaskMessage]) -> int | None:
+        """The attempts the task has spent if it is to run now; None once it was ended otherwise."""
+        task = delivery.message
+        self.stats.waiting += 1
+        try:
+            log.debug(
+                "daemon.task.received",
+                extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
+            )
+            admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
+            if admission.verdict is Verdict.GIVE_UP:
+                await self._give_up(delivery, task, admission.spent, admission.error)
+                return None
+            taken_away = self._now or (worker.leaving and self.settings.immediate)
+            if admission.verdict is Verdict.RECOUNT or taken_away:
+                # Recount (classic queue: a death to write into the task), or this worker is
+                # being taken away right now: back to the queue, nothing spent by us.
+                reason = "recount" if admission.verdict is Verdict.RECOUNT else "released"
+                await self._requeue(delivery, _with(task, admission.spent), reason)
+                return None
+            return admission.spent
+        finally:
+            self.stats.waiting -= 1
+
+    async def _handle_batch(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+        runnable: list[tuple[Delivery[TaskMessage], int]] = []
+        for delivery in deliveries:
+            with bind(task_id=delivery.message.task_id):
+                spent = await self._admit(worker, delivery)
+            if spent is not None:
+                runnable.append((delivery, spent))
+        if runnable:
+            await self._run_batch(worker, runnable)
+
+    async def _run_batch(self, worker: Worker, runnable: list[tuple[Delivery[TaskMessage], int]]) -> None:
+        """One attempt for every task of the batch (see :mod:`truba.daemon.batching`)."""
+        limits = Limits(self.settings.task_timeout, self.policy.memory_hard)
+        worker.busy, worker.started_at = True, time.monotonic()
+        worker.interrupt.clear()
+        self.stats.busy += 1
+        log.debug("daemon.batch.started", extra={"size": len(runnable), "pid": worker.slot.pid})
+        tasks = [(d.message.task_id, d.message.payload) for d, _ in runnable]
+        try:
+            end, replies = await supervised(
+                worker.slot, worker.slot.run_batch(self.handler, tasks), limits, worker.interrupt
+            )
+        finally:
+            worker.busy = False
+            self.stats.busy -= 1
+        if end.ending is Ending.REPLIED:
+            assert replies is not None
+            share = end.seconds / len(runnable)
+            for (delivery, spent), reply in zip(runnable, replies, strict=True):
+                with bind(task_id=delivery.message.task_id):
+                    one = AttemptEnd(Ending.REPLIED, share, reply=reply)
+                    await self._complete(delivery, delivery.message, one, spent + 1)
+            await self._maybe_recycle(worker.slot)
+        elif end.ending is Ending.INTERRUPTED:
+            self.stats.preempted += len(runnable)
+            for delivery, spent in runnable:
+                await self._requeue(delivery, _with(delivery.message, spent), "preempted")
+            fields = {"size": len(runnable), "seconds": round(end.seconds, 3)}
+            log.info("daemon.batch.preempted", extra=fields)
+        else:
+            for delivery, spent in runnable:
+                with bind(task_id=delivery.message.task_id):
+                    await self._failed(delivery, delivery.message, end, spent)
 
     async def _run(
         self, worker: Worker, delivery: Delivery[TaskMessage], task: TaskMessage, spent: int

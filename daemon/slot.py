@@ -1,9 +1,18 @@
 """The program a slot subprocess runs: ``python -m truba.daemon.slot``.
 
-It reads tasks from its stdin and writes outcomes to the original stdout, one length-prefixed
-msgpack frame each: ``[handler, task_id, payload]`` in, ``[task_id, ok, value | [type, message,
-traceback], seconds]`` out. The handler's own prints go to stderr (fd 1 is pointed there), so they
-cannot corrupt the frames. Imported handlers are cached for the life of the slot.
+It reads requests from its stdin and writes replies to the original stdout, one length-prefixed
+msgpack frame each. The handler's own prints go to stderr (fd 1 is pointed there), so they cannot
+corrupt the frames. Imported handlers are cached for the life of the slot. Requests, told apart by
+their length:
+
+- one task: ``[handler, task_id, payload]`` in, ``[task_id, ok, value | [type, message,
+  traceback], seconds]`` out;
+- describe: ``[handler]`` in, ``[max_size, max_wait]`` out for a batch handler (see
+  :mod:`truba.handlers`), ``None`` for any other or one that cannot be imported (its tasks then
+  report the import error, one by one, as before);
+- a batch: ``[handler, [[task_id, payload], ...]]`` in, ``[reply, ...]`` out, one single-task
+  reply per task, in order. The handler is called once with the list of payloads; if it raises
+  or returns the wrong number of results, every task of the batch gets that error.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from collections.abc import Callable
 from typing import BinaryIO, Final
 
 import msgpack
+
+from truba.handlers import batch_spec
 
 HEADER: Final = struct.Struct(">I")
 PR_SET_PDEATHSIG: Final = 1
@@ -58,12 +69,25 @@ def load_handler(handler: str, cache: dict[str, Callable[[object], object]]) -> 
     return cache[handler]
 
 
+def describe(handler: str, cache: dict[str, Callable[[object], object]]) -> list[object] | None:
+    """``[max_size, max_wait]`` for a batch handler, else None (an import error included)."""
+    try:
+        spec = batch_spec(load_handler(handler, cache))
+    except HandlerImportError:
+        return None
+    return None if spec is None else [spec.max_size, spec.max_wait]
+
+
 def run_one(
     handler: str, task_id: str, payload: object, cache: dict[str, Callable[[object], object]]
 ) -> bytes:
     started = time.perf_counter()
     try:
-        value = load_handler(handler, cache)(payload)
+        function = load_handler(handler, cache)
+        if batch_spec(function) is not None:  # a batch handler asked for one task: a batch of one
+            value = _batch_values(function, [payload])[0]
+        else:
+            value = function(payload)
         reply: list[object] = [task_id, True, value, time.perf_counter() - started]
         return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
     except (Exception, SystemExit) as exc:  # the handler's failure is the task's outcome
@@ -73,6 +97,55 @@ def run_one(
             error = [type(exc).__name__, str(exc), traceback.format_exc()]
         reply = [task_id, False, error, time.perf_counter() - started]
         return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+class BatchResultMismatch(Exception):
+    """A batch handler returned something other than one result per payload."""
+
+
+def _batch_values(function: Callable[[object], object], payloads: list[object]) -> list[object]:
+    values = function(payloads)
+    if not isinstance(values, list | tuple) or len(values) != len(payloads):
+        got = f"{len(values)} results" if isinstance(values, list | tuple) else type(values).__name__
+        raise BatchResultMismatch(f"the batch handler got {len(payloads)} tasks and returned {got}")
+    return list(values)
+
+
+def run_batch(handler: str, tasks: list[object], cache: dict[str, Callable[[object], object]]) -> bytes:
+    """One call of the batch handler for ``tasks`` (``[task_id, payload]`` pairs); one reply each.
+
+    Each reply carries the task's share of the call's time. A result that cannot be sent fails
+    only its own task.
+    """
+    started = time.perf_counter()
+    pairs = [(str(pair[0]), pair[1]) for pair in tasks if isinstance(pair, list) and len(pair) == 2]
+    if len(pairs) != len(tasks):
+        raise SystemExit(f"slot protocol error: expected [[task_id, payload], ...], got {tasks!r:.200}")
+    try:
+        values = _batch_values(load_handler(handler, cache), [payload for _, payload in pairs])
+    except (Exception, SystemExit) as exc:  # the handler's failure is every task's outcome
+        error = [type(exc).__name__, str(exc), traceback.format_exc()]
+        share = (time.perf_counter() - started) / max(1, len(pairs))
+        replies: list[object] = [[task_id, False, error, share] for task_id, _ in pairs]
+        return msgpack.packb(replies, use_bin_type=True)  # type: ignore[no-any-return]
+    share = (time.perf_counter() - started) / max(1, len(pairs))
+    packed = []
+    for (task_id, _), value in zip(pairs, values, strict=True):
+        try:
+            packed.append(msgpack.packb([task_id, True, value, share], use_bin_type=True))
+        except (TypeError, ValueError, OverflowError) as exc:
+            error = ["ResultNotSerializable", f"the handler's result cannot be sent: {exc}", ""]
+            packed.append(msgpack.packb([task_id, False, error, share], use_bin_type=True))
+    # The replies are packed one by one (so one bad value fails one task); join them as an array.
+    return _array_header(len(packed)) + b"".join(packed)
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes([0x90 | n])
+    if n < 1 << 16:
+        return b"\xdc" + n.to_bytes(2, "big")
+    return b"\xdd" + n.to_bytes(4, "big")
 
 
 def die_with_parent() -> None:
@@ -106,12 +179,15 @@ def main() -> int:
         request = read_frame(frames_in)
         if request is None:
             return 0
-        if not (isinstance(request, list) and len(request) == 3):
-            raise SystemExit(
-                f"slot protocol error: expected [handler, task_id, payload], got {request!r:.200}"
-            )
-        handler, task_id, payload = request
-        reply = run_one(str(handler), str(task_id), payload, cache)
+        if isinstance(request, list) and len(request) == 3:
+            handler, task_id, payload = request
+            reply = run_one(str(handler), str(task_id), payload, cache)
+        elif isinstance(request, list) and len(request) == 2 and isinstance(request[1], list):
+            reply = run_batch(str(request[0]), request[1], cache)
+        elif isinstance(request, list) and len(request) == 1:
+            reply = msgpack.packb(describe(str(request[0]), cache), use_bin_type=True)
+        else:
+            raise SystemExit(f"slot protocol error: unknown request {request!r:.200}")
         frames_out.write(HEADER.pack(len(reply)) + reply)
         frames_out.flush()
 

@@ -1,4 +1,4 @@
-"""Slot subprocesses, seen from the daemon: start, run one task, notice death, kill, measure.
+"""Slot subprocesses, seen from the daemon: start, run a task or a batch, notice death, kill, measure.
 
 A slot is a ``python -m truba.daemon.slot`` child speaking length-prefixed msgpack frames over
 its stdin/stdout (see :mod:`truba.daemon.slot`). The process boundary protects the daemon from
@@ -22,6 +22,7 @@ import msgpack
 
 from truba.daemon.memory import private_bytes
 from truba.daemon.slot import HEADER
+from truba.handlers import BatchSpec
 from truba.wire import ErrorInfo
 
 log = logging.getLogger(__name__)
@@ -100,29 +101,55 @@ class SlotProcess:
 
         Cancelling ``run`` kills the process: a slot in the middle of a task cannot be reused.
         """
+        body = await self._exchange([handler, task_id, payload], f"task {task_id}")
+        self.tasks_run += 1
+        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+
+    async def run_batch(self, handler: str, tasks: list[tuple[str, object]]) -> list[SlotReply]:
+        """Runs a batch handler once over ``tasks`` (id, payload); one reply per task, in order.
+
+        Dies and cancels like :meth:`run`; the batch counts as one task towards ``max_tasks``.
+        """
+        body = await self._exchange([handler, [list(task) for task in tasks]], f"a batch of {len(tasks)}")
+        self.tasks_run += 1
+        replies = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if not (isinstance(replies, list) and len(replies) == len(tasks)):
+            raise SlotDied(f"slot {self.index} answered a batch of {len(tasks)} with {replies!r:.200}")
+        return [_reply(reply) for reply in replies]
+
+    async def describe(self, handler: str) -> BatchSpec | None:
+        """Imports ``handler`` in the slot: its batch spec, or None for a one-task handler (or one
+        that cannot be imported: its tasks report that). Dies and cancels like :meth:`run`."""
+        body = await self._exchange([handler], f"describe {handler}")
+        spec = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        if spec is None:
+            return None
+        try:
+            return BatchSpec(int(spec[0]), float(spec[1]))
+        except (TypeError, ValueError, IndexError) as exc:  # a bad mark: run it one task at a time
+            log.warning("daemon.slot.bad_batch_spec", extra={"handler": handler, "error": repr(exc)})
+            return None
+
+    async def _exchange(self, request: object, what: str) -> bytes:
+        """Sends one request frame and reads its reply frame (starting the process if needed)."""
         if not self.alive:
             await self.start()
         process = self._process
         assert process is not None and process.stdin is not None and process.stdout is not None
-        request = msgpack.packb([handler, task_id, payload], use_bin_type=True)
+        frame = msgpack.packb(request, use_bin_type=True)
         try:
-            process.stdin.write(HEADER.pack(len(request)) + request)
+            process.stdin.write(HEADER.pack(len(frame)) + frame)
             await process.stdin.drain()
             header = await process.stdout.readexactly(HEADER.size)
             (size,) = HEADER.unpack(header)
-            body = await process.stdout.readexactly(size)
+            body: bytes = await process.stdout.readexactly(size)
         except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
             code = await self._reap()
-            raise SlotDied(f"slot {self.index} exited with {code} while running task {task_id}") from exc
+            raise SlotDied(f"slot {self.index} exited with {code} while running {what}") from exc
         except asyncio.CancelledError:
             await asyncio.shield(self.kill())
             raise
-        self.tasks_run += 1
-        reply_task_id, ok, value, seconds = msgpack.unpackb(body, raw=False, strict_map_key=False)
-        if ok:
-            return SlotReply(reply_task_id, True, value, None, seconds)
-        error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
-        return SlotReply(reply_task_id, False, None, error, seconds)
+        return body
 
     def private_memory(self) -> int | None:
         """Bytes the process holds privately (USS), None if it is not running."""
@@ -161,3 +188,12 @@ class SlotProcess:
             with contextlib.suppress(ProcessLookupError):
                 process.send_signal(signal.SIGKILL)
             await process.wait()
+
+
+def _reply(frame: list[object]) -> SlotReply:
+    task_id, ok, value, seconds = frame
+    if ok:
+        return SlotReply(str(task_id), True, value, None, float(seconds))  # type: ignore[arg-type]
+    assert isinstance(value, list)
+    error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
+    return SlotReply(str(task_id), False, None, error, float(seconds))  # type: ignore[arg-type]

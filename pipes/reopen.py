@@ -121,10 +121,16 @@ class ReopenSender(Generic[T]):
             if self.state is State.IDLE:
                 self.state = State.CONNECTING
                 try:
-                    self.inner = await self._open()
+                    fresh = await self._open()
                 except BaseException:
-                    self.state = State.IDLE
+                    if self.state is State.CONNECTING:
+                        self.state = State.IDLE
                     raise
+                if self.state is State.CLOSED:  # close() ran while we connected: no leaked channel
+                    with contextlib.suppress(PipeError):
+                        await fresh.close()
+                    raise PipeClosed(f"{self.label}: sender is closed")
+                self.inner = fresh
                 self.state = State.CONNECTED
                 log.info("pipe.reopen.connected", extra={"pipe": self.label})
         return await self._inner_for_send()

@@ -98,8 +98,16 @@ class ReopenListener(Generic[T]):
         return await connect_within(self._connect, self._connect_timeout, self.label)
 
     async def cancel(self) -> None:
-        """Stops new deliveries and any reopening; a connected inner listener is cancelled."""
+        """Stops new deliveries and any reopening; a connected inner listener is cancelled.
+
+        A first connect under way is waited for (bounded by its timeout), so that what the new
+        leaf received is gettable afterwards instead of going back to the broker marked
+        redelivered when the leaf is closed.
+        """
         self._cancelled = True
+        if self.state is State.CONNECTING:
+            async with self._lock:  # held by the connecting get(); it cancels the leaf it opened
+                pass
         if self.state is State.CONNECTED and self.inner is not None:
             with contextlib.suppress(PipeError):
                 await self.inner.cancel()
@@ -114,13 +122,24 @@ class ReopenListener(Generic[T]):
                 if self.state is State.IDLE:
                     self.state = State.CONNECTING
                     try:
-                        self.inner = await self._open()
+                        fresh = await self._open()
                     except BaseException:
-                        self.state = State.IDLE
+                        if self.state is State.CONNECTING:
+                            self.state = State.IDLE
                         raise
+                    if self.state is State.CLOSED:
+                        # close() ran while we connected: the new leaf must not live on and
+                        # consume (it would hold deliveries nobody takes).
+                        with contextlib.suppress(PipeError):
+                            await fresh.close()
+                        raise PipeClosed(f"{self.label}: listener is closed")
+                    self.inner = fresh
                     self.state = State.CONNECTED
                     self._connected.set()
                     log.info("pipe.reopen.connected", extra={"pipe": self.label})
+                    if self._cancelled:  # cancel() ran while we connected: stop it consuming too
+                        with contextlib.suppress(PipeError):
+                            await fresh.cancel()
         if self.state is not State.CONNECTED:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._connected.wait(), timeout)
@@ -181,6 +200,9 @@ class ReopenListener(Generic[T]):
             self.state = State.CONNECTED
             self._connected.set()
             log.info("pipe.reopen.reopened", extra={"pipe": self.label, "attempts": attempt + 1})
+            if self._cancelled:  # cancel() ran while we reopened: stop it consuming too
+                with contextlib.suppress(PipeError):
+                    await fresh.cancel()
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         """Polls ``get`` in a task and hands each delivery to ``callback`` (errors: logged, requeued)."""

@@ -17,6 +17,9 @@ from truba.pipes.rabbit.util import close_quietly
 
 log = logging.getLogger(__name__)
 
+CANCEL_SETTLE = 0.02
+"""Seconds ``cancel()`` waits after cancel-ok for deliveries already dispatched."""
+
 
 @final
 class RabbitDelivery:
@@ -117,7 +120,9 @@ class RabbitListener:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
             self._consumer_tag = None
-        await asyncio.sleep(0)  # deliveries that preceded cancel-ok reach the buffer
+        # Deliveries that preceded cancel-ok may still be on their way through aio-pika's
+        # dispatch: let them reach the buffer, where the owner can hand them back unspent.
+        await asyncio.sleep(CANCEL_SETTLE)
 
     async def get(self, timeout: float) -> Delivery[bytes] | None:
         if self._closed:

@@ -138,3 +138,41 @@ async def test_a_blocked_listener_get_wakes_on_close() -> None:
     await listener.close()
     with pytest.raises(PipeClosed):
         await asyncio.wait_for(waiter, 1.0)
+
+
+async def _connecting_listener() -> tuple[ReopenListener[int], asyncio.Event, list[FakeListener[int]]]:
+    """A reopen listener whose first connect waits for the returned event."""
+    release = asyncio.Event()
+    made: list[FakeListener[int]] = []
+
+    async def connect() -> FakeListener[int]:
+        await release.wait()
+        made.append(FakeListener())
+        return made[-1]
+
+    return ReopenListener(connect, label="slow"), release, made
+
+
+async def test_a_listener_closed_while_connecting_closes_the_leaf_it_gets() -> None:
+    listener, release, made = await _connecting_listener()
+    getting = asyncio.create_task(listener.get(5.0))
+    await asyncio.sleep(0)
+    await listener.close()
+    release.set()
+    with pytest.raises(PipeClosed):
+        await getting
+    assert made and made[0].closed, "the leaf opened after close() lives on and consumes"
+
+
+async def test_a_listener_cancelled_while_connecting_cancels_the_leaf_it_gets() -> None:
+    listener, release, made = await _connecting_listener()
+    getting = asyncio.create_task(listener.get(0.1))
+    await asyncio.sleep(0)
+    cancelling = asyncio.create_task(listener.cancel())
+    await asyncio.sleep(0.01)
+    assert not cancelling.done(), "cancel() did not wait for the connect under way"
+    release.set()
+    await cancelling
+    assert await getting is None
+    assert made and made[0].cancelled, "the leaf opened after cancel() consumes"
+    await listener.close()
