@@ -107,23 +107,29 @@ async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
     links = links_factory([a.url, b.url])
     sender = send_stack(IntCodec(), links, queue, options=SendOptions(confirm_timeout=5, max_unconfirmed=200))
     held_at_kill: list[int] = []
+    restarts: list[asyncio.Future[None]] = []
 
     async def fault(n: int) -> None:
         if n == 1500:
             await asyncio.to_thread(a.kill)
             held_at_kill.extend(sender.unconfirmed())
             asyncio.get_running_loop().call_later(
-                3.0, lambda: asyncio.ensure_future(asyncio.to_thread(a.restart))
+                3.0, lambda: restarts.append(asyncio.ensure_future(asyncio.to_thread(a.restart)))
             )
 
     total = 4000
     confirmations = await _send_all(sender, range(total), fault)
     await asyncio.wait_for(asyncio.gather(*confirmations), 90)
     assert sender.unconfirmed() == []
-    for _ in range(120):  # the restart was scheduled in the background
+    while not restarts:  # scheduled 3 s after the kill
+        await asyncio.sleep(0.1)
+    await asyncio.wait_for(restarts[0], 180)  # a failed restart fails the test with its own error
+    for _ in range(120):
         if await asyncio.to_thread(lambda: _speaks(a)):
             break
         await asyncio.sleep(0.5)
+    else:
+        raise AssertionError(f"broker a ({a.url}) restarted but does not answer AMQP after 60 s")
     seen = await _drain(links_factory([a.url, b.url]), queue, total)
     missing = [n for n in range(total) if n not in seen]
     duplicates = {n for n, count in seen.items() if count > 1}
