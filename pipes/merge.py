@@ -44,6 +44,7 @@ class MergeListener(Generic[T]):
         self._pumps = [asyncio.create_task(self._pump(listener)) for listener in self._listeners]
         self._calls: set[asyncio.Task[None]] = set()
         self._cancelled = False
+        self._cancelling: asyncio.Future[None] | None = None
 
     name = "merge"
 
@@ -97,10 +98,15 @@ class MergeListener(Generic[T]):
                 await delivery.reject(requeue=True)
 
     async def cancel(self) -> None:
-        """Cancels every inner listener, stops the pumps, then takes what the inners still hold."""
-        if self._cancelled:
-            return
-        self._cancelled = True
+        """Cancels every inner listener, stops the pumps, then takes what the inners still hold.
+
+        Concurrent callers all wait for the one cancel under way."""
+        if self._cancelling is None:
+            self._cancelled = True
+            self._cancelling = asyncio.ensure_future(self._cancel())
+        await asyncio.shield(self._cancelling)
+
+    async def _cancel(self) -> None:
         await asyncio.gather(*(listener.cancel() for listener in self._listeners), return_exceptions=True)
         for pump in self._pumps:
             pump.cancel()

@@ -66,6 +66,7 @@ class RabbitListener:
         self._consumer_tag: str | None = None
         self._closed = False
         self._cancelled = False
+        self._cancelling: asyncio.Future[None] | None = None
         self._broken: PipeBroken | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         channel.close_callbacks.add(self._on_channel_closed)
@@ -112,10 +113,19 @@ class RabbitListener:
         self._buffer.put_nowait(_CLOSED)
 
     async def cancel(self) -> None:
-        """basic.cancel (waits for cancel-ok, 5 s at most); the channel stays open for settling."""
-        if self._cancelled or self._closed:
+        """basic.cancel (waits for cancel-ok, 5 s at most); the channel stays open for settling.
+
+        Every caller waits for the same cancel: one returning early while deliveries may still
+        arrive would let its owner think the buffer is final.
+        """
+        if self._closed:
             return
-        self._cancelled = True
+        if self._cancelling is None:
+            self._cancelled = True
+            self._cancelling = asyncio.ensure_future(self._cancel())
+        await asyncio.shield(self._cancelling)
+
+    async def _cancel(self) -> None:
         if self._consumer_tag is not None and not self._channel.is_closed and self._broken is None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
@@ -156,6 +166,9 @@ class RabbitListener:
         if self._closed:
             return
         self._closed = True
+        left = self._buffer.qsize()
+        if left:  # they go back to the queue marked redelivered: their owner did not hand them back
+            log.info("pipe.rabbit.closed_holding", extra={"queue": self.queue, "deliveries": left})
         self._buffer.put_nowait(_CLOSED)
         try:
             if self._consumer_tag is not None and not self._channel.is_closed:
