@@ -111,8 +111,11 @@ async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
 
     async def fault(n: int) -> None:
         if n == 1500:
-            await asyncio.to_thread(a.kill)
+            # Taken before the kill: no new message is sent until it returns, so anything a
+            # crash can duplicate is in here. Taken after, the loop would have run meanwhile and
+            # the balance may already have moved (and b confirmed) what a held.
             held_at_kill.extend(sender.unconfirmed())
+            await asyncio.to_thread(a.kill)
             asyncio.get_running_loop().call_later(
                 3.0, lambda: restarts.append(asyncio.ensure_future(asyncio.to_thread(a.restart)))
             )
