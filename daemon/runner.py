@@ -32,12 +32,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from truba.daemon.attempts import LOST, Verdict, admit, after_failure
-from truba.daemon.batching import collect, supervised
+from truba.daemon.batching import collect
 from truba.daemon.ends import JobPipes, TaskEnds
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
-from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, run_attempt
+from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, run_attempt, supervised
 from truba.handlers import BatchSpec
 from truba.logs import bind
 from truba.pipes.base import Delivery
@@ -297,7 +297,8 @@ class JobRunner:
         handler = self.handler
         limits = Limits(self.settings.task_timeout, self.policy.memory_hard)
         worker.interrupt.clear()
-        end, spec = await supervised(worker.slot, worker.slot.describe(handler), limits, worker.interrupt)
+        describing = worker.slot.describe(handler)
+        end, spec = await supervised(worker.slot, describing, limits, worker.interrupt, what="batch")
         if end.ending is Ending.INTERRUPTED:
             return False
         self._specs[handler] = spec
@@ -399,9 +400,8 @@ class JobRunner:
         log.debug("daemon.batch.started", extra={"size": len(runnable), "pid": worker.slot.pid})
         tasks = [(d.message.task_id, d.message.payload) for d, _ in runnable]
         try:
-            end, replies = await supervised(
-                worker.slot, worker.slot.run_batch(self.handler, tasks), limits, worker.interrupt
-            )
+            running = worker.slot.run_batch(self.handler, tasks)
+            end, replies = await supervised(worker.slot, running, limits, worker.interrupt, what="batch")
         finally:
             worker.busy = False
             self.stats.busy -= 1

@@ -13,8 +13,9 @@ import contextlib
 import enum
 import logging
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from truba.daemon.slots import SlotDied, SlotProcess, SlotReply
 from truba.wire import ErrorInfo
@@ -22,6 +23,7 @@ from truba.wire import ErrorInfo
 log = logging.getLogger(__name__)
 MEMORY_POLL: Final = 0.2
 MIB: Final = 1024 * 1024
+T = TypeVar("T")
 
 
 class Ending(enum.Enum):
@@ -64,8 +66,23 @@ async def run_attempt(
     interrupt: asyncio.Event,
 ) -> AttemptEnd:
     """Runs one attempt on ``slot``; see the module docstring. Never raises SlotDied."""
+    end, reply = await supervised(slot, slot.run(handler, task_id, payload), limits, interrupt)
+    return end if reply is None else AttemptEnd(end.ending, end.seconds, reply=reply)
+
+
+async def supervised(
+    slot: SlotProcess,
+    call: Coroutine[Any, Any, T],
+    limits: Limits,
+    interrupt: asyncio.Event,
+    *,
+    what: str = "attempt",
+) -> tuple[AttemptEnd, T | None]:
+    """Runs ``call`` (a request to ``slot``: a task, a batch, a describe) under watch; see the
+    module docstring. The call's value comes next to a REPLIED end; ``what`` names it in the
+    timeout error. Never raises SlotDied."""
     started = time.perf_counter()
-    running = asyncio.ensure_future(slot.run(handler, task_id, payload))
+    running = asyncio.ensure_future(call)
     interrupted = asyncio.ensure_future(interrupt.wait())
     watching = asyncio.ensure_future(_watch_memory(slot, limits.memory)) if limits.memory else None
     waits: set[asyncio.Future[Any]] = {running, interrupted}
@@ -97,20 +114,20 @@ async def run_attempt(
             f"the slot's private memory reached {used / MIB:.0f} MiB, over the limit of "
             f"{(limits.memory or 0) / MIB:.0f} MiB; the slot was killed",
         )
-        return AttemptEnd(Ending.OUT_OF_MEMORY, seconds, error=error)
+        return AttemptEnd(Ending.OUT_OF_MEMORY, seconds, error=error), None
     if interrupted in done:
-        return AttemptEnd(Ending.INTERRUPTED, seconds)
-    error = ErrorInfo("TaskTimeout", f"the attempt ran longer than {limits.timeout:g} s; the slot was killed")
-    return AttemptEnd(Ending.TIMED_OUT, seconds, error=error)
+        return AttemptEnd(Ending.INTERRUPTED, seconds), None
+    error = ErrorInfo("TaskTimeout", f"the {what} ran longer than {limits.timeout:g} s; the slot was killed")
+    return AttemptEnd(Ending.TIMED_OUT, seconds, error=error), None
 
 
-def _finished(running: asyncio.Future[SlotReply], seconds: float) -> AttemptEnd:
+def _finished(running: asyncio.Future[T], seconds: float) -> tuple[AttemptEnd, T | None]:
     exc = running.exception()
     if isinstance(exc, SlotDied):
-        return AttemptEnd(Ending.DIED, seconds, error=ErrorInfo("SlotDied", str(exc)))
+        return AttemptEnd(Ending.DIED, seconds, error=ErrorInfo("SlotDied", str(exc))), None
     if exc is not None:
         raise exc
-    return AttemptEnd(Ending.REPLIED, seconds, reply=running.result())
+    return AttemptEnd(Ending.REPLIED, seconds), running.result()
 
 
 async def _watch_memory(slot: SlotProcess, limit: int | None) -> int:

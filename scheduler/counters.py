@@ -172,11 +172,6 @@ class JobCounters:
                 affected.add(job_id)
         return affected
 
-    def forget(self, job_id: str) -> None:
-        """Drops an ended job's live counters (the stored ones stay for GetJob)."""
-        self._jobs.pop(job_id, None)
-        self._dirty.discard(job_id)
-
     # -- views -----------------------------------------------------------------------------------
 
     def counts(self, job_id: str, closed_submitted: int = 0) -> Counts:
