@@ -5,7 +5,9 @@ scheduler (tests/integration/test_daemon_harness.py) over two local brokers: the
 scheduler sends exactly one Assignment at a known instant, which the real scheduler's planner
 would not (its timing would be the planner's, not the daemon's). Each round:
 
-1. {A: all slots}; A's long tasks run on every slot (seen in the heartbeats);
+1. {A: all slots}; A's long tasks run on every slot and B's runner is gone (seen in a heartbeat
+   sent after the daemon applied {A}: an older one can show A busy on every slot while the
+   previous round's B runner still consumes, which made B's task start before t0);
 2. one task of job B waits in B's queue;
 3. ``t0`` = the Assignment {B: all slots} is handed to the daemon's gRPC stream;
 4. B's task returns the wall-clock time its handler started (``tests.handlers.faults:stamp``):
@@ -19,8 +21,11 @@ Modes:
              B starts when a slot is free: reported both as the total and as the wait beyond
              the end of the first A task that ended after t0 (the daemon's own part)
 
-    python bench/daemon_preemption.py [--rounds 30] [--slots 2] [--graceful-task 1.0]
+    python bench/daemon_preemption.py [--rounds 30] [--slots 2] [--graceful-task 1.0] [--spawn]
         [--json bench/results/daemon_preemption.json]
+
+The daemon forks its slots from a template (the default); ``--spawn`` runs it with
+``--no-fork-server``: an interrupted slot is then replaced by a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def measure(
-    urls: list[str], log_dir: Path, mode: str, rounds: int, slots: int, task: float
+    urls: list[str], log_dir: Path, mode: str, rounds: int, slots: int, task: float, spawn: bool = False
 ) -> dict[str, object]:
     from test_daemon_harness import JobQueues, eventually, job_slots, scripted
 
@@ -67,7 +72,7 @@ async def measure(
     try:
         async with scripted(urls, log_dir) as (scheduler, start_daemon):
             daemon_id = f"bench-preempt-{mode}"
-            start_daemon(daemon_id, slots, "--log-level", "info")
+            start_daemon(daemon_id, slots, "--log-level", "info", *(["--no-fork-server"] if spawn else []))
             await eventually(lambda: scheduler.connected(daemon_id), what="daemon connected")
             on_a = job_slots(a, STAMP, slots, immediate=immediate)
             on_b = job_slots(b, STAMP, slots, immediate=immediate)
@@ -78,7 +83,10 @@ async def measure(
                     await a.submit(*[TaskMessage(f"a{a_sent + i}", a_length) for i in range(missing)])
                     a_sent += missing
                 scheduler.assign(daemon_id, on_a)
-                await eventually(lambda: scheduler.busy(daemon_id, a.job_id) == slots, what="A on all slots")
+                # Only A, on all slots, per a heartbeat sent after the daemon applied {A}: a busy
+                # count alone may come from a heartbeat older than the flip back to A, and B's
+                # task would then run on the previous round's B runner, before t0.
+                await eventually(lambda: scheduler.settled(daemon_id, a.job_id, slots), what="only A")
                 b_id = f"b{round_}"
                 await b.submit(TaskMessage(b_id, 0.0))
                 # Immediate: any moment; graceful: a random point of A's running tasks.
@@ -155,6 +163,9 @@ def main() -> int:
         "--graceful-task", type=float, default=1.0, help="seconds each A task runs (graceful)"
     )
     parser.add_argument("--modes", default="immediate,graceful")
+    parser.add_argument(
+        "--spawn", action="store_true", help="daemon with --no-fork-server (slots spawned, not forked)"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/daemon_preemption.json"))
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
@@ -168,7 +179,15 @@ def main() -> int:
         log_dir = Path(tempfile.mkdtemp(prefix="truba-bench-logs-"))
         for mode in args.modes.split(","):
             result[mode] = asyncio.run(
-                measure([n.url for n in nodes], log_dir, mode, args.rounds, args.slots, args.graceful_task)
+                measure(
+                    [n.url for n in nodes],
+                    log_dir,
+                    mode,
+                    args.rounds,
+                    args.slots,
+                    args.graceful_task,
+                    args.spawn,
+                )
             )
     finally:
         for node in nodes:

@@ -3,10 +3,16 @@
 Handlers busy-wait (``spin``: a perf_counter loop, no sleep, so the handler's own time is exact
 and the scheduler's wake-up latency does not blur the 100 µs case) for 100 µs, 1 ms and 10 ms.
 
+Slot start: ms from asking for a slot until it answered its first (empty) task, for a slot
+spawned as a fresh interpreter (``spawn``) and one forked from the fork server's template that
+preloaded the handler (``fork``, :mod:`truba.daemon.forkserver`; the template itself is started
+once, before the timing).
+
 Two levels, each reported as µs per task beyond the handler's own time, and as a ratio:
 
   slot       ``SlotProcess.run`` in a loop (one warm slot: frame out over a pipe, the slot's
-             import cache, the handler, frame back) versus calling ``spin`` directly, N tasks
+             import cache, the handler, frame back) versus calling ``spin`` directly, N tasks;
+             for a spawned slot (``slot``) and a forked one (``fork``)
   daemon     a real daemon (``python -m truba.daemon``, 1 slot, info logs) driven by the test
              harness's scripted scheduler over local brokers: N tasks published first, then the
              slot assigned; tasks/s from the first result to the last (steady state: no start-up),
@@ -16,7 +22,7 @@ Two levels, each reported as µs per task beyond the handler's own time, and as 
 Variants are interleaved over rounds and the median kept: these machines are shared and noisy.
 
     python bench/slot_overhead.py [--tasks 2000] [--daemon-tasks 1000] [--rounds 3] [--no-daemon]
-        [--json bench/results/slot_overhead.json]
+        [--starts 30] [--json bench/results/slot_overhead.json]
 """
 
 from __future__ import annotations
@@ -30,6 +36,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from truba.daemon.launch import Launcher
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = "bench.slot_overhead:spin"
@@ -52,11 +62,41 @@ def inline(seconds: float, n: int) -> float:
     return time.perf_counter() - began
 
 
-async def through_slot(seconds: float, n: int) -> float:
-    """Seconds for n tasks through one warm SlotProcess."""
+def launcher(how: str) -> Launcher:
+    from truba.daemon.forkserver import ForkServer
+    from truba.daemon.launch import Spawn
+
+    return ForkServer([HANDLER]) if how == "fork" else Spawn()
+
+
+async def slot_starts(how: str, n: int) -> list[float]:
+    """Seconds from start() to the first reply, n times (the template is up before the first)."""
     from truba.daemon.slots import SlotProcess
 
-    slot = SlotProcess(0)
+    launch = launcher(how)
+    slot = SlotProcess(0, launch)
+    await slot.run(HANDLER, "warm", 0.0)
+    await slot.stop()
+    times = []
+    try:
+        for i in range(n):
+            began = time.perf_counter()
+            await slot.start()
+            await slot.run(HANDLER, f"s{i}", 0.0)
+            times.append(time.perf_counter() - began)
+            await slot.stop()
+    finally:
+        await slot.stop()
+        await launch.close()
+    return times
+
+
+async def through_slot(seconds: float, n: int, how: str = "spawn") -> float:
+    """Seconds for n tasks through one warm SlotProcess (spawned or forked)."""
+    from truba.daemon.slots import SlotProcess
+
+    launch = launcher(how)
+    slot = SlotProcess(0, launch)
     await slot.start()
     try:
         for i in range(20):  # warm: interpreter up, handler imported
@@ -68,6 +108,7 @@ async def through_slot(seconds: float, n: int) -> float:
         return time.perf_counter() - began
     finally:
         await slot.stop()
+        await launch.close()
 
 
 async def through_daemon(urls: list[str], log_dir: Path, seconds: float, n: int, tag: str) -> float:
@@ -105,15 +146,23 @@ async def through_daemon(urls: list[str], log_dir: Path, seconds: float, n: int,
 
 async def run(args: argparse.Namespace, urls: list[str], log_dir: Path) -> dict[str, object]:
     per_task: dict[str, dict[str, list[float]]] = {
-        name: {"inline": [], "slot": [], "daemon": []} for name in HANDLER_SECONDS
+        name: {"inline": [], "slot": [], "fork": [], "daemon": []} for name in HANDLER_SECONDS
     }
+    starts: dict[str, list[float]] = {"spawn": [], "fork": []}
     for round_ in range(args.rounds):
+        for how, samples in starts.items():
+            samples += await slot_starts(how, args.starts)
+            print(
+                f"  round {round_ + 1} start {how:<6} {statistics.median(samples) * 1e3:8.2f} ms",
+                file=sys.stderr,
+            )
         for name, seconds in HANDLER_SECONDS.items():
             times = per_task[name]
             times["inline"].append(inline(seconds, args.tasks) / args.tasks)
             times["slot"].append(await through_slot(seconds, args.tasks) / args.tasks)
+            times["fork"].append(await through_slot(seconds, args.tasks, "fork") / args.tasks)
             line = f"  round {round_ + 1} {name:<6} inline {times['inline'][-1] * 1e6:8.1f} µs"
-            line += f"  slot {times['slot'][-1] * 1e6:8.1f} µs"
+            line += f"  slot {times['slot'][-1] * 1e6:8.1f} µs  fork {times['fork'][-1] * 1e6:8.1f} µs"
             if urls:
                 tag = f"{name}-{round_}"
                 times["daemon"].append(await through_daemon(urls, log_dir, seconds, args.daemon_tasks, tag))
@@ -125,6 +174,7 @@ async def run(args: argparse.Namespace, urls: list[str], log_dir: Path) -> dict[
         row = {f"{k}_us_per_task": round(v, 1) for k, v in medians.items()}
         row["slot_overhead_us"] = round(medians["slot"] - medians["inline"], 1)
         row["slot_ratio"] = round(medians["slot"] / medians["inline"], 3)
+        row["fork_overhead_us"] = round(medians["fork"] - medians["inline"], 1)
         if "daemon" in medians:
             row["daemon_overhead_us"] = round(medians["daemon"] - medians["inline"], 1)
             row["daemon_ratio"] = round(medians["daemon"] / medians["inline"], 3)
@@ -141,19 +191,37 @@ async def run(args: argparse.Namespace, urls: list[str], log_dir: Path) -> dict[
             n: {k: [round(x * 1e6, 1) for x in v] for k, v in t.items()} for n, t in per_task.items()
         },
         "results": table,
+        "slot_start_ms": {
+            how: {
+                "p50": round(statistics.median(v) * 1e3, 2),
+                "p90": round(percentile(v, 90) * 1e3, 2),
+                "n": len(v),
+            }
+            for how, v in starts.items()
+        },
     }
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100)."""
+    ordered = sorted(values)
+    return ordered[max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5))) - 1]
 
 
 def print_table(result: dict[str, object]) -> None:
     table: dict[str, dict[str, float]] = result["results"]  # type: ignore[assignment]
     daemon = any("daemon_us_per_task" in row for row in table.values())
-    head = f"\n{'handler':<8}{'inline µs':>11}{'slot µs':>10}{'overhead':>10}{'ratio':>8}"
+    start: dict[str, dict[str, float]] = result["slot_start_ms"]  # type: ignore[assignment]
+    print(f"\n{'slot start':<12}{'p50 ms':>9}{'p90 ms':>9}{'n':>6}")
+    for how, row in start.items():
+        print(f"{how:<12}{row['p50']:>9.2f}{row['p90']:>9.2f}{row['n']:>6.0f}")
+    head = f"\n{'handler':<8}{'inline µs':>11}{'slot µs':>10}{'overhead':>10}{'ratio':>8}{'fork µs':>10}"
     if daemon:
         head += f"{'daemon µs':>11}{'overhead':>10}{'ratio':>8}{'tasks/s':>9}{'ideal/s':>9}"
     print(head)
     for name, row in table.items():
         line = f"{name:<8}{row['inline_us_per_task']:>11.1f}{row['slot_us_per_task']:>10.1f}"
-        line += f"{row['slot_overhead_us']:>10.1f}{row['slot_ratio']:>8.2f}"
+        line += f"{row['slot_overhead_us']:>10.1f}{row['slot_ratio']:>8.2f}{row['fork_us_per_task']:>10.1f}"
         if daemon:
             line += f"{row['daemon_us_per_task']:>11.1f}{row['daemon_overhead_us']:>10.1f}"
             line += f"{row['daemon_ratio']:>8.2f}{row['daemon_tasks_per_s']:>9.0f}"
@@ -168,6 +236,7 @@ def main() -> int:
     parser.add_argument("--daemon-tasks", type=int, default=1000, help="tasks per daemon measurement")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--no-daemon", action="store_true", help="skip the end-to-end daemon variant")
+    parser.add_argument("--starts", type=int, default=30, help="slot starts timed per launcher and round")
     parser.add_argument("--json", type=Path, default=Path("bench/results/slot_overhead.json"))
     args = parser.parse_args()
     # Slots and the daemon import the handler as bench.slot_overhead, the harness from tests/.

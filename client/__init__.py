@@ -5,25 +5,30 @@ from truba.client.client import Client
 from truba.client.errors import (
     FailedPrecondition,
     InvalidArgument,
+    NoJournal,
     NotFound,
     SchedulerError,
     Unavailable,
 )
-from truba.client.job import Job
-from truba.client.options import JobOptions
+from truba.client.job import CallbackFailed, Job, SubmitTimeout
+from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
 
 __all__ = [
     "BlockingClient",
     "BlockingJob",
+    "CallbackFailed",
     "Client",
+    "ClientOptions",
     "FailedPrecondition",
     "InvalidArgument",
     "Job",
     "JobOptions",
+    "NoJournal",
     "NotFound",
     "Outcome",
     "SchedulerError",
+    "SubmitTimeout",
     "TaskCancelled",
     "TaskFailed",
     "TaskGaveUp",

@@ -3,7 +3,8 @@
 ::
 
     with truba.connect("localhost:50051") as client:
-        outcomes = client.create_job(handler="examples.primes:count").map(chunks)
+        for outcome in client.create_job(handler="examples.primes:count").map(chunks):
+            print(outcome.result())
 
 An event loop runs in a background thread owned by the client; every call hands a coroutine to
 it and waits for the answer.
@@ -13,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import TypeVar, Unpack
 
 from truba.client.client import Client
-from truba.client.job import Job
-from truba.client.options import JobOptions
+from truba.client.job import MAP_WINDOW, Job
+from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome
 from truba.proto.v1 import jobs_pb2
 
@@ -52,11 +53,27 @@ class BlockingJob:
 
     @property
     def id(self) -> str:
+        """The job's id, as the scheduler knows it."""
         return self._job.id
 
-    def submit(self, payload: object, *, priority: int | None = None) -> str:
+    @property
+    def submitted(self) -> int:
+        """Tasks submitted so far, by every run on the job's journal (see Job.submitted)."""
+        return self._job.submitted
+
+    @property
+    def received(self) -> int:
+        """Outcomes taken so far (see Job.received)."""
+        return self._job.received
+
+    @property
+    def done(self) -> bool:
+        """Closed, and every submitted task has its outcome."""
+        return self._job.done
+
+    def submit(self, payload: object, *, priority: int | None = None, timeout: float | None = None) -> str:
         """Sends one task; returns its id (see Job.submit)."""
-        return self._runner.run(self._job.submit(payload, priority=priority))
+        return self._runner.run(self._job.submit(payload, priority=priority, timeout=timeout))
 
     def close(self) -> None:
         """No more tasks."""
@@ -64,16 +81,33 @@ class BlockingJob:
 
     def results(self) -> Iterator[Outcome]:
         """One outcome per task, until the job is done (see Job.results)."""
-        stream: AsyncIterator[Outcome] = self._job.results()
-        while True:
-            try:
-                yield self._runner.run(_next(stream))
-            except StopAsyncIteration:
-                return
+        return self._iterate(self._job.results())
 
-    def map(self, payloads: Iterable[object]) -> list[Outcome]:
-        """Submits every payload, closes the job and returns the outcomes in submission order."""
-        return self._runner.run(self._job.map(payloads))
+    def map(
+        self,
+        payloads: Iterable[object],
+        *,
+        ordered: bool = True,
+        window: int = MAP_WINDOW,
+        progress: bool | None = None,
+    ) -> Iterator[Outcome]:
+        """Submits every payload, closes the job, and yields one outcome per payload, in order
+        unless ``ordered=False``; see Job.map. ``payloads`` is read in the client's thread."""
+        return self._iterate(self._job.map(payloads, ordered=ordered, window=window, progress=progress))
+
+    def _iterate(self, stream: AsyncGenerator[Outcome, None]) -> Iterator[Outcome]:
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_next(stream))
+                except StopAsyncIteration:
+                    return
+        finally:  # the caller stopped early: the outcome it did not take comes again
+            self._runner.run(stream.aclose())
+
+    def detach(self) -> None:
+        """Leaves the job to a later ``resume`` (see Job.detach)."""
+        self._runner.run(self._job.detach())
 
     def on_result(self, callback: Callable[[Outcome], None]) -> None:
         """Calls ``callback`` (in the client's loop thread) for every outcome."""
@@ -88,9 +122,11 @@ class BlockingJob:
         self._runner.run(self._job.wait())
 
     def cancel(self) -> None:
+        """Cancels the job; tasks without an outcome get a cancelled one (see Job.cancel)."""
         self._runner.run(self._job.cancel())
 
     def info(self) -> jobs_pb2.Job:
+        """The scheduler's current view of the job."""
         return self._runner.run(self._job.info())
 
     def set_importance(self, importance: float) -> None:
@@ -98,16 +134,16 @@ class BlockingJob:
         self._runner.run(self._job.set_importance(importance))
 
 
-async def _next(stream: AsyncIterator[Outcome]) -> Outcome:
+async def _next(stream: AsyncGenerator[Outcome, None]) -> Outcome:
     return await anext(stream)
 
 
 class BlockingClient:
     """A :class:`~truba.client.Client` driven from synchronous code; see :func:`connect`."""
 
-    def __init__(self, address: str, **options: float) -> None:
+    def __init__(self, address: str, **options: Unpack[ClientOptions]) -> None:
         self._runner = _LoopThread()
-        self._client = Client(address, **options)  # type: ignore[arg-type]
+        self._client = Client(address, **options)
         self._runner.run(self._client.connect())
 
     def __enter__(self) -> BlockingClient:
@@ -125,20 +161,29 @@ class BlockingClient:
         job = self._runner.run(self._client.create_job(handler, importance, name=name, **options))
         return BlockingJob(job, self._runner)
 
+    def resume(self, job_id: str) -> BlockingJob:
+        """Picks up a job from this client's journal (see Client.resume)."""
+        return BlockingJob(self._runner.run(self._client.resume(job_id)), self._runner)
+
     def get_job_info(self, job_id: str) -> jobs_pb2.Job:
+        """The scheduler's view of a job (see Client.get_job_info)."""
         return self._runner.run(self._client.get_job_info(job_id))
 
     def list_jobs(self, include_done: bool = False) -> list[jobs_pb2.Job]:
+        """The scheduler's jobs, ended ones too with ``include_done``."""
         return self._runner.run(self._client.list_jobs(include_done))
 
     def cluster_info(self) -> jobs_pb2.ClusterInfo:
+        """Brokers, connected daemons and their slots."""
         return self._runner.run(self._client.cluster_info())
 
     def close(self) -> None:
+        """Detaches unfinished jobs (see Client.close), closes connections, stops the loop."""
         self._runner.run(self._client.close())
         self._runner.stop()
 
 
-def connect(address: str = "127.0.0.1:50051") -> BlockingClient:
-    """A blocking client for the scheduler at ``address``; use it as a context manager."""
-    return BlockingClient(address)
+def connect(address: str = "127.0.0.1:50051", **options: Unpack[ClientOptions]) -> BlockingClient:
+    """A blocking client for the scheduler at ``address``; use it as a context manager.
+    ``options`` are :class:`~truba.client.Client`'s."""
+    return BlockingClient(address, **options)

@@ -19,25 +19,29 @@ import asyncio
 import logging
 import os
 import socket
+import weakref
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Unpack
+from typing import Literal, Unpack
 
 import grpc.aio
 
 from truba.channel import Credentials, open_channel
-from truba.client.errors import map_rpc_errors
+from truba.client.encoded import EncodedTask, EncodedTaskCodec
+from truba.client.errors import FailedPrecondition, NoJournal, map_rpc_errors
 from truba.client.job import Job
-from truba.client.options import JobOptions, queue_kind, settings_pb
+from truba.client.journal import Journal, MemoryJournal, TaskJournal
+from truba.client.options import JobOptions, settings_pb
 from truba.pipes.base import Sender
+from truba.pipes.commit import FsyncPolicy, check_policy
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
 from truba.pipes.route import RouteSender
-from truba.pipes.spool import FsyncPolicy, spool
 from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
-from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
-from truba.queues import JobQueues
-from truba.wire import ResultCodec, TaskCodec, TaskMessage
+from truba.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
+from truba.queues import queues_of
+from truba.wire import ResultCodec
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +57,8 @@ class Client:
         result_prefetch: int = 1000,
         max_payload: int = DEFAULT_MAX_MESSAGE_SIZE,
         broker_heartbeat: float = 10.0,
-        spool_dir: str | os.PathLike[str] | None = None,
-        spool_fsync: FsyncPolicy = "interval",
-        use_spool: bool = True,
+        journal: str | os.PathLike[str] | Literal[False] | None = None,
+        journal_fsync: FsyncPolicy = "interval",
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -66,18 +69,19 @@ class Client:
             result_prefetch: results a broker may push before they are taken, per broker.
             max_payload: bytes a task may take encoded; ``submit`` refuses a bigger one with
                 MessageTooLarge before anything is sent (default 16 MiB).
-            spool_dir: where tasks wait on disk until a broker confirms them, one folder per job
-                (default ``$XDG_STATE_HOME/truba/spool``); ``use_spool=False`` keeps them in
-                memory only. See :mod:`truba.pipes.spool` for the fsync policies.
+            journal: where each job's tasks wait on disk until their outcomes are taken, one
+                folder per job (default ``$XDG_STATE_HOME/truba/journal``); :meth:`resume`
+                picks a job up from there after a crash. ``False`` keeps tasks in memory only.
+            journal_fsync: when a submitted task is durable, see :mod:`truba.pipes.commit`
+                (default ``"interval"``: within 10 ms, without waiting for it).
             token: the scheduler's bearer token (default: ``$TRUBA_TOKEN``).
             tls_ca: PEM file to verify the scheduler's TLS certificate with (default:
                 ``$TRUBA_TLS_CA``); without it the channel is plaintext.
         """
         self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
-        self._spool_root = Path(spool_dir) if spool_dir is not None else default_spool_dir()
-        self._spool_fsync: FsyncPolicy = spool_fsync
-        self._use_spool = use_spool
+        self._journal_root = None if journal is False else Path(journal or default_journal_dir())
+        self._journal_fsync = check_policy(journal_fsync)
         self._max_unconfirmed = max_unconfirmed
         self._result_prefetch = result_prefetch
         if max_payload < 1:
@@ -87,6 +91,7 @@ class Client:
         self._channel: grpc.aio.Channel | None = None
         self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
         self._links: dict[str, RabbitBroker] = {}
+        self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._name = f"truba-client-{socket.gethostname()}-{os.getpid()}"
 
     async def __aenter__(self) -> Client:
@@ -136,45 +141,76 @@ class Client:
         )
         with map_rpc_errors():
             response = await self.jobs.CreateJob(request)
-        info = response.job
-        links = [self._link(broker.url) for broker in response.brokers]
-        # The queues' specs, so a broker that lost them (data wiped) gets them back on reconnect.
-        queues = JobQueues(
-            info.queues.tasks,
-            info.queues.results,
-            info.queues.dead,
-            kind=queue_kind(info.settings),
-            priorities=info.settings.priorities,
+        job = await self._open(response.job, response.brokers, resumed=False)
+        log.info("client.job.created", extra={"job_id": job.id, "handler": handler})
+        return job
+
+    async def resume(self, job_id: str) -> Job:
+        """Picks up a job this client's journal holds, after a crash or :meth:`Job.detach`.
+
+        Tasks no broker confirmed are sent again at once; the others are waited for (and sent
+        again if their broker turns out to have lost its data). Outcomes taken before are not
+        delivered again. Go on as with a new job: submit more if it is open, ``close()``, and
+        take the outcomes.
+
+        Raises:
+            NotFound: the scheduler does not know the job.
+            FailedPrecondition: the job already ended.
+            NoJournal: this client keeps no journal, or none for this job.
+            SpoolLocked: another client has the job's journal open.
+        """
+        if self._journal_root is None:
+            raise NoJournal("resume needs a journal: this client was made with journal=False")
+        folder = self.journal_path(job_id)
+        if not folder.is_dir():
+            raise NoJournal(f"job {job_id}: no journal at {folder}: nothing to resume here")
+        info = await self.get_job_info(job_id)
+        if info.state in (jobs_pb2.JOB_STATE_FINISHED, jobs_pb2.JOB_STATE_CANCELLED):
+            state = jobs_pb2.JobState.Name(info.state)
+            raise FailedPrecondition("FAILED_PRECONDITION", f"job {job_id} has ended ({state})")
+        cluster = await self.cluster_info()
+        job = await self._open(info, cluster.brokers, resumed=True)
+        log.info(
+            "client.job.resumed",
+            extra={"job_id": job_id, "outstanding": job.outstanding, "submitted": job.submitted},
         )
+        return job
+
+    async def _open(self, info: jobs_pb2.Job, brokers: Sequence[common_pb2.Broker], *, resumed: bool) -> Job:
+        """The client's side of a job: its journal, task stacks and result listener."""
+        links = [self._link(broker.url) for broker in brokers]
+        # The queues' specs, so a broker that lost them (data wiped) gets them back on reconnect.
+        queues = queues_of(info.queues, info.settings)
         priorities = info.settings.priorities
 
-        def task_stack(priority: int) -> Sender[TaskMessage]:
+        def task_stack(priority: int) -> Sender[EncodedTask]:
             # One stack per priority level in use: RabbitMQ reads priority from the AMQP
             # properties, so each level's leaves publish with their own.
             options = SendOptions(
                 max_unconfirmed=self._max_unconfirmed,
-                max_message_size=self._max_payload,
+                max_message_size=None,  # the job checks max_payload before the journal
                 priority=priority if priorities else None,
             )
-            spool_layer = None
-            if self._use_spool:
-                folder = self.spool_path(info.id)
-                spool_layer = spool(folder / f"p{priority}" if priority else folder, fsync=self._spool_fsync)
             return send_stack(
-                TaskCodec(),
-                links,
-                queues.spec(queues.tasks),
-                role="tasks",
-                spool=spool_layer,
-                options=options,
+                EncodedTaskCodec(), links, queues.spec(queues.tasks), role="tasks", options=options
             )
 
-        tasks: RouteSender[TaskMessage, int] = RouteSender(lambda task: task.priority, task_stack)
-        tasks.route(0)  # the default level opens at once, replaying what its spool holds
+        journal: TaskJournal = MemoryJournal()
+        if self._journal_root is not None:
+            journal = Journal.open(self.journal_path(info.id), fsync=self._journal_fsync)
+        tasks: RouteSender[EncodedTask, int] = RouteSender(lambda task: task.priority, task_stack)
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
-        log.info("client.job.created", extra={"job_id": info.id, "handler": handler, "brokers": len(links)})
-        return Job(self, info, tasks, results)
+        job = Job(
+            self, info, tasks, results, journal, links=links, max_payload=self._max_payload, resumed=resumed
+        )
+        try:
+            await job._start()
+        except BaseException:
+            await job.detach()
+            raise
+        self._jobs.add(job)
+        return job
 
     async def get_job_info(self, job_id: str) -> jobs_pb2.Job:
         """The scheduler's view of a job. Raises NotFound for an unknown id."""
@@ -182,6 +218,7 @@ class Client:
             return await self.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
 
     async def list_jobs(self, include_done: bool = False) -> list[jobs_pb2.Job]:
+        """The scheduler's jobs, ended ones too with ``include_done``."""
         with map_rpc_errors():
             response = await self.jobs.ListJobs(jobs_pb2.ListJobsRequest(include_done=include_done))
         return list(response.jobs)
@@ -191,9 +228,11 @@ class Client:
         with map_rpc_errors():
             return await self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
 
-    def spool_path(self, job_id: str) -> Path:
-        """The folder holding a job's unconfirmed tasks."""
-        return self._spool_root / job_id
+    def journal_path(self, job_id: str) -> Path:
+        """The folder holding a job's tasks until their outcomes (see ``journal``)."""
+        if self._journal_root is None:
+            raise NoJournal("this client keeps no journal (journal=False)")
+        return self._journal_root / job_id
 
     def _link(self, url: str) -> RabbitBroker:
         """The shared link to one broker (one AMQP connection per broker per client)."""
@@ -204,7 +243,11 @@ class Client:
         return link
 
     async def close(self) -> None:
-        """Closes broker connections and the scheduler channel; idempotent."""
+        """Detaches jobs still going (see :meth:`Job.detach`: :meth:`resume` picks them up),
+        closes broker connections and the scheduler channel; idempotent."""
+        jobs = [job for job in self._jobs if not job.ended]
+        self._jobs.clear()
+        await asyncio.gather(*(job.detach() for job in jobs), return_exceptions=True)
         await asyncio.gather(*(link.close() for link in self._links.values()), return_exceptions=True)
         self._links.clear()
         if self._channel is not None:
@@ -213,7 +256,7 @@ class Client:
             self._stub = None
 
 
-def default_spool_dir() -> Path:
-    """``$XDG_STATE_HOME/truba/spool``, or ``~/.local/state/truba/spool``."""
+def default_journal_dir() -> Path:
+    """``$XDG_STATE_HOME/truba/journal``, or ``~/.local/state/truba/journal``."""
     base = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
-    return Path(base) / "truba" / "spool"
+    return Path(base) / "truba" / "journal"

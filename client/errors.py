@@ -51,3 +51,7 @@ def map_rpc_errors() -> Iterator[None]:
     except grpc.aio.AioRpcError as exc:
         cls = _BY_CODE.get(exc.code(), SchedulerError)
         raise cls(exc.code().name, exc.details() or "") from exc
+
+
+class NoJournal(TrubaError, LookupError):
+    """There is no journal to resume a job from (none kept, or none for that job here)."""

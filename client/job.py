@@ -1,10 +1,13 @@
 """A job seen from the client: submit tasks, close, and take one outcome per task.
 
-Tasks go out through the job's task pipe (serialize → balance over brokers); each stays in memory
-until its outcome arrives, and one whose confirm failed is sent again at ``close``. Outcomes come
-in through the result pipe (merge of brokers → deserialize), are deduplicated by task id (a task
-may run twice when a daemon dies after sending its result), and each result message is acked only
-after the application has taken its outcome.
+Every task goes first into the job's journal (:mod:`truba.client.journal`: on disk unless the
+client was made with ``journal=False``), then out through the job's task pipe (balance over
+brokers), and stays in the journal until the application has taken its outcome. Outcomes come
+in through the result pipe (merge of brokers → deserialize); one whose task is not in the journal
+any more is a duplicate (a task may run twice when a daemon dies after sending its result) and
+is dropped. A result message is acked only after the application has taken its outcome and the
+journal has forgotten the task, so a crash anywhere loses nothing: :meth:`Client.resume` sends
+what no broker confirmed and waits for the rest.
 """
 
 from __future__ import annotations
@@ -12,18 +15,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import itertools
 import logging
 import secrets
 import shutil
+import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from typing import TYPE_CHECKING
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable, Sized
+from typing import TYPE_CHECKING, NoReturn
 
+from tqdm import tqdm
+
+from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import SchedulerError, Unavailable, map_rpc_errors
+from truba.client.journal import TaskJournal
 from truba.client.outcome import Outcome
-from truba.pipes.base import Confirmation, Listener, Sender
-from truba.pipes.errors import PipeClosed, PipeError, TrubaError
+from truba.client.watch import LossWatch
+from truba.pipes.base import Confirmation, Delivery, Listener, Sender
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError, TrubaError
+from truba.pipes.rabbit import RabbitBroker
 from truba.proto.v1 import jobs_pb2
 from truba.queues import MAX_PRIORITY
 from truba.wire import ResultMessage, TaskMessage
@@ -38,6 +47,25 @@ FINISH_PATIENCE = 120.0
 """Seconds a finished job keeps asking an unreachable scheduler to delete its queues."""
 PROGRESS_INTERVAL = 0.25
 """Seconds between progress reports to the scheduler at most (they feed the job's demand)."""
+PROGRESS_KEEPALIVE = 5.0
+"""Seconds after which an unchanged progress is reported again: the scheduler counts a client's
+report towards the job's demand only while it is recent."""
+RESEND_CHUNK = 1000
+"""Tasks read back from the journal at a time when sending many again."""
+MAP_WINDOW = 1000
+"""Tasks :meth:`Job.map` keeps submitted and not yet yielded, by default."""
+
+
+class SubmitTimeout(TrubaError, TimeoutError):
+    """``submit(timeout=...)`` ran out before a broker took the task; it was not submitted."""
+
+
+class CallbackFailed(TrubaError):
+    """An ``on_result`` callback raised; its outcome was not taken and comes again."""
+
+    def __init__(self, task_id: str) -> None:
+        super().__init__(f"the on_result callback raised for task {task_id}; its outcome was put back")
+        self.task_id = task_id
 
 
 class Job:
@@ -50,25 +78,47 @@ class Job:
         self,
         client: Client,
         info: jobs_pb2.Job,
-        tasks: Sender[TaskMessage],
+        tasks: Sender[EncodedTask],
         results: Listener[ResultMessage],
+        journal: TaskJournal,
+        *,
+        links: list[RabbitBroker],
+        max_payload: int,
+        resumed: bool = False,
     ) -> None:
         self._client = client
         self._info = info
         self._tasks = tasks
         self._results = results
+        self._journal = journal
+        self._max_payload = max_payload
         self._prefix = secrets.token_hex(3)
-        self._counter = itertools.count()
-        self._pending: dict[str, TaskMessage] = {}
+        self._next = 0
         self._confirmations: dict[str, Confirmation] = {}
-        self._seen: set[str] = set()
-        self._submitted = 0
-        self._closed = False
+        """Confirms awaited, by task."""
+        self._failed: set[str] = set()
+        """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
+        self._closed = info.state not in (jobs_pb2.JOB_STATE_UNSPECIFIED, jobs_pb2.JOB_STATE_OPEN)
         self._finished = False
         self._cancelled = False
+        self._detached = False
         self._consumer: asyncio.Task[None] | None = None
         self._progress_wake = asyncio.Event()
         self._progress: asyncio.Task[None] | None = None
+        self._watch = LossWatch(links, self._queue_marker(), self._broker_lost, job_id=info.id, known=resumed)
+
+    def _queue_marker(self) -> str:
+        return self._info.queues.tasks.removesuffix(".tasks") + ".marker"
+
+    async def _start(self) -> None:
+        """Sends what no broker confirmed (a resumed job), and starts watching for lost brokers."""
+        await self._watch.start()
+        if len(self._journal):
+            self._progressed()  # a resumed job: the scheduler hears from its client again
+        unconfirmed = self._journal.unconfirmed()
+        if unconfirmed:
+            log.info("client.job.resend_unconfirmed", extra={"job_id": self.id, "count": len(unconfirmed)})
+            await self._send_again(unconfirmed)
 
     @property
     def id(self) -> str:
@@ -77,36 +127,61 @@ class Job:
 
     @property
     def handler(self) -> str:
+        """The job's handler, ``"package.module:function"``."""
         return self._info.handler
 
     @property
     def submitted(self) -> int:
-        """Tasks submitted so far."""
-        return self._submitted
+        """Tasks submitted so far (by every run of this client on the job's journal)."""
+        return self._journal.recorded
 
     @property
     def received(self) -> int:
-        """Distinct outcomes received so far."""
-        return len(self._seen)
+        """Outcomes taken so far (by every run on this journal)."""
+        return self._journal.recorded - len(self._journal)
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks submitted whose outcome has not been taken yet."""
+        return len(self._journal)
 
     @property
     def done(self) -> bool:
         """Closed, and every submitted task has its outcome."""
-        return self._closed and len(self._seen) >= self._submitted
+        return self._closed and len(self._journal) == 0
 
-    async def submit(self, payload: object, *, priority: int | None = None) -> str:
+    @property
+    def ended(self) -> bool:
+        """Finished, cancelled or detached: this object has no more work to do."""
+        return self._finished or self._cancelled or self._detached
+
+    @property
+    def journal_path(self) -> str | None:
+        """Where the job's tasks wait for their outcomes on disk (None: memory only)."""
+        return None if self._journal.directory is None else str(self._journal.directory)
+
+    async def submit(
+        self, payload: object, *, priority: int | None = None, timeout: float | None = None
+    ) -> str:
         """Sends one task; returns its id once a broker accepted it for sending.
+
+        The task is in the journal before it is sent and stays there until its outcome is
+        taken. ``submit`` waits while the brokers are slow or blocked (each broker takes at
+        most the client's ``max_unconfirmed`` unconfirmed tasks), so memory stays bounded.
 
         Args:
             priority: 0 (the default) to 9, higher taken first; only for a job created with
                 ``priorities=True``.
+            timeout: seconds to wait for a broker to take the task (None: as long as it takes).
 
         Raises:
             ValueError: a priority on a job without priorities, or out of range (nothing sent).
             PipeClosed: the job was closed.
-            CodecError: ``payload`` is not msgpack-serializable.
-            MessageTooLarge: ``payload`` is over the client's ``max_payload`` (nothing was sent).
-            PipeBroken: no broker can take the task.
+            CodecError: ``payload`` is not msgpack-serializable (nothing sent).
+            MessageTooLarge: ``payload`` is over the client's ``max_payload`` (nothing sent).
+            SubmitTimeout: no broker took it within ``timeout`` (it was not submitted).
+            SpoolFull, SpoolError: the journal could not write it (nothing sent).
+            PipeBroken: no broker can take the task (it was not submitted).
         """
         if self._closed:
             raise PipeClosed(f"job {self.id} is closed: no more tasks")
@@ -115,16 +190,70 @@ class Job:
                 raise ValueError(f"priority: job {self.id} was created without priorities=True")
             if not 0 <= priority <= MAX_PRIORITY:
                 raise ValueError(f"priority: must be 0..{MAX_PRIORITY}, got {priority}")
-        task_id = f"{self._prefix}-{next(self._counter)}"
-        message = TaskMessage(task_id, payload, priority=priority or 0)
-        confirmation = await self._tasks.send(message)
-        self._confirmations[task_id] = confirmation
-        confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
-        self._pending[task_id] = message
-        self._submitted += 1
+        task_id = f"{self._prefix}-{self._next}"
+        task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0))
+        if len(task.data) > self._max_payload:
+            raise MessageTooLarge(
+                f"task {task_id}: {len(task.data)} bytes encoded, over max_payload={self._max_payload}: "
+                "pass large data by reference (a path or a URL); nothing was sent"
+            )
+        self._next += 1
+        await self._journal.record(task_id, task.data)
+        try:
+            async with asyncio.timeout(timeout):
+                confirmation = await self._tasks.send(task)
+        except TimeoutError:
+            self._journal.withdraw(task_id)
+            raise SubmitTimeout(
+                f"task {task_id}: no broker took it within {timeout} s; it was not submitted"
+            ) from None
+        except (PipeError, CodecError):
+            self._journal.withdraw(task_id)
+            raise
+        self._watch_confirm(task_id, confirmation)
         self._progressed()
         log.debug("client.task.submitted", extra={"job_id": self.id, "task_id": task_id})
         return task_id
+
+    def _watch_confirm(self, task_id: str, confirmation: Confirmation) -> None:
+        self._confirmations[task_id] = confirmation
+        confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
+
+    def _on_confirm(self, task_id: str, confirmation: Confirmation) -> None:
+        if self._confirmations.get(task_id) is confirmation:
+            del self._confirmations[task_id]
+        if not confirmation.cancelled() and confirmation.exception() is None:
+            self._failed.discard(task_id)
+            self._journal.confirmed(task_id)
+        else:
+            log.warning(
+                "client.task.unconfirmed",
+                extra={"job_id": self.id, "task_id": task_id, "error": repr(_error_of(confirmation))},
+            )
+            self._failed.add(task_id)
+
+    async def _send_again(self, task_ids: list[str]) -> None:
+        """Sends tasks of the journal again (read back from disk), in chunks."""
+        for start in range(0, len(task_ids), RESEND_CHUNK):
+            chunk = task_ids[start : start + RESEND_CHUNK]
+            loaded = self._journal.load(chunk)
+            codec = EncodedTaskCodec()
+            for task_id in chunk:
+                data = loaded.get(task_id)
+                if data is None:  # its outcome came meanwhile
+                    continue
+                self._failed.discard(task_id)
+                self._watch_confirm(task_id, await self._tasks.send(codec.decode(data)))
+
+    async def _broker_lost(self, broker: RabbitBroker) -> None:
+        """A broker lost its data: every task without an outcome may have been there (its task
+        or its result), so every one is sent again; duplicate outcomes are dropped."""
+        outstanding = self._journal.outstanding()
+        log.warning(
+            "client.job.resubmit", extra={"job_id": self.id, "broker": broker.name, "count": len(outstanding)}
+        )
+        self._journal.unmark(outstanding)
+        await self._send_again(outstanding)
 
     def _progressed(self) -> None:
         """Submitted or received changed: the reporter tells the scheduler soon (coalesced)."""
@@ -133,17 +262,23 @@ class Job:
             self._progress = asyncio.create_task(self._report_progress(), name=f"progress-{self.id}")
 
     async def _report_progress(self) -> None:
-        """Reports (submitted, received) at most every :data:`PROGRESS_INTERVAL` seconds.
+        """Reports (submitted, received) at most every :data:`PROGRESS_INTERVAL` seconds, and at
+        least every :data:`PROGRESS_KEEPALIVE` seconds.
 
         The scheduler sizes the job's share by these counts; an unreachable scheduler only
         delays the report (the data plane does not need it), an ended job stops the reporter.
         """
         last = (-1, -1)
         while True:
-            await self._progress_wake.wait()
+            keepalive = False
+            try:
+                async with asyncio.timeout(PROGRESS_KEEPALIVE):
+                    await self._progress_wake.wait()
+            except TimeoutError:
+                keepalive = True  # unchanged, but said again: the scheduler trusts recent reports
             self._progress_wake.clear()
-            now = (self._submitted, len(self._seen))
-            if now != last:
+            now = (self.submitted, self.received)
+            if now != last or keepalive:
                 request = jobs_pb2.ReportProgressRequest(job_id=self.id, submitted=now[0], received=now[1])
                 try:
                     with map_rpc_errors():
@@ -163,37 +298,30 @@ class Job:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._progress
 
-    def _on_confirm(self, task_id: str, confirmation: Confirmation) -> None:
-        # Confirmed tasks need no more watching; failed ones stay for _confirm_all to resend.
-        if not confirmation.cancelled() and confirmation.exception() is None:
-            if self._confirmations.get(task_id) is confirmation:
-                del self._confirmations[task_id]
+    async def _settle_confirms(self) -> None:
+        """Waits until every confirm now awaited has come (or failed: then in ``_failed``)."""
+        while self._confirmations:
+            waiting = list(self._confirmations.values())
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for task_id, confirmation in list(self._confirmations.items()):
+                if confirmation.done():
+                    del self._confirmations[task_id]
 
     async def _confirm_all(self) -> None:
         """Waits for every confirm, sending again (bounded) what a broker nacked or lost."""
-        for round_ in range(RESEND_ROUNDS):
-            waiting = dict(self._confirmations)
-            self._confirmations.clear()
-            failed: list[str] = []
-            for task_id, confirmation in waiting.items():
-                try:
-                    await confirmation
-                except PipeError as exc:
-                    log.warning("client.task.unconfirmed", extra={"task_id": task_id, "error": repr(exc)})
-                    failed.append(task_id)
-            if not failed:
+        for round_ in range(RESEND_ROUNDS + 1):
+            await self._settle_confirms()
+            if not self._failed:
                 return
+            if round_ == RESEND_ROUNDS:
+                break
+            failed = [task_id for task_id in self._journal.unconfirmed() if task_id in self._failed]
             self._tasks.drop_unconfirmed()
             log.warning(
                 "client.task.resend", extra={"job_id": self.id, "count": len(failed), "round": round_}
             )
-            for task_id in failed:
-                confirmation = await self._tasks.send(self._pending[task_id])
-                self._confirmations[task_id] = confirmation
-                confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
-        raise TrubaError(
-            f"job {self.id}: {len(self._confirmations)} tasks could not be confirmed by any broker"
-        )
+            await self._send_again(failed)
+        raise TrubaError(f"job {self.id}: {len(self._failed)} tasks could not be confirmed by any broker")
 
     async def close(self) -> None:
         """No more tasks: waits until brokers confirmed every task, then tells the scheduler."""
@@ -203,17 +331,20 @@ class Job:
         self._closed = True
         with map_rpc_errors():
             self._info = await self._client.jobs.CloseJob(
-                jobs_pb2.CloseJobRequest(job_id=self.id, submitted=self._submitted)
+                jobs_pb2.CloseJobRequest(job_id=self.id, submitted=self.submitted)
             )
-        log.info("client.job.closed", extra={"job_id": self.id, "submitted": self._submitted})
-        await self._tasks.close()
+        log.info("client.job.closed", extra={"job_id": self.id, "submitted": self.submitted})
+        # The task pipe stays open: a broker found lost later gets its tasks sent again.
 
-    async def results(self) -> AsyncIterator[Outcome]:
+    async def results(self) -> AsyncGenerator[Outcome, None]:
         """Yields one outcome per task, in arrival order, until the job is done.
 
-        The result message is acked when the consumer asks for the next outcome, so an outcome
-        the application has not taken is never lost. Ends when the job is closed and every
-        submitted task has its outcome; the scheduler then deletes the job's queues.
+        An outcome counts as taken when the consumer asks for the next one (or ends the loop
+        normally): only then does the journal forget its task and is its result message acked.
+        A consumer that stops at an outcome by raising, or by closing the iterator, puts that
+        outcome back: it comes again, here or after :meth:`Client.resume`. Ends when the job is
+        closed and every submitted task has its outcome; the scheduler then deletes the job's
+        queues.
 
         If the job is cancelled (here or by another client), every task without an outcome
         gets a cancelled one (:attr:`Outcome.cancelled`) and the iteration ends.
@@ -232,23 +363,35 @@ class Job:
                     await self._check_state()
                 continue
             message = delivery.message
-            if message.task_id in self._seen:
+            if message.task_id not in self._journal:
                 log.info("client.result.duplicate", extra={"job_id": self.id, "task_id": message.task_id})
-                await delivery.ack()
+                await _ack(delivery)
                 continue
-            self._seen.add(message.task_id)
-            self._pending.pop(message.task_id, None)
-            self._progressed()
-            yield Outcome.from_message(message)
-            await delivery.ack()
+            taken = False
+            try:
+                yield Outcome.from_message(message)
+                taken = True
+            finally:
+                if taken:
+                    await self._take(delivery)
+                else:  # the consumer raised or closed us at this outcome: it comes again
+                    log.info("client.result.put_back", extra={"job_id": self.id, "task_id": message.task_id})
+                    with contextlib.suppress(PipeError):
+                        await delivery.reject(requeue=True)
         if self._cancelled:
-            for task_id in list(self._pending):
-                if task_id not in self._seen:
-                    self._seen.add(task_id)
-                    del self._pending[task_id]
-                    yield Outcome.cancelled_task(task_id)
+            for task_id in self._journal.outstanding():
+                self._journal.settle(task_id)
+                yield Outcome.cancelled_task(task_id)
             return
         await self._finish()
+
+    async def _take(self, delivery: Delivery[ResultMessage]) -> None:
+        """The application took this outcome: the journal forgets its task (on disk first),
+        then the result is acked. A crash in between brings the result back as a duplicate."""
+        self._journal.settle(delivery.message.task_id)
+        self._journal.flush()
+        self._progressed()
+        await _ack(delivery)
 
     async def _check_state(self) -> None:
         try:
@@ -268,12 +411,20 @@ class Job:
             return
         self._finished = True
         await self._stop_progress()
+        await self._watch.stop()  # before FinishJob deletes the marker: it must not come back
         # Stop consuming first: the scheduler is about to delete the queue under the consumer.
         await self._results.close()
+        with contextlib.suppress(PipeError):
+            await self._tasks.close()
         self._info = await self._finish_job()
-        # Every task has its outcome: nothing in the spool can matter any more.
-        shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
-        log.info("client.job.finished", extra={"job_id": self.id, "outcomes": len(self._seen)})
+        await self._drop_journal()
+        log.info("client.job.finished", extra={"job_id": self.id, "outcomes": self.received})
+
+    async def _drop_journal(self) -> None:
+        """Every task has its outcome (or the job is cancelled): the journal has no more use."""
+        await self._journal.close()
+        if self._journal.directory is not None:
+            shutil.rmtree(self._journal.directory, ignore_errors=True)
 
     async def _finish_job(self) -> jobs_pb2.Job:
         """FinishJob, retried while the scheduler is unreachable (it may be restarting), for at
@@ -296,58 +447,150 @@ class Job:
     def on_result(self, callback: Callable[[Outcome], Awaitable[None] | None]) -> asyncio.Task[None]:
         """Calls ``callback`` for every outcome in the background; returns that task.
 
-        A callback that raises is logged with its traceback; the outcome counts as taken.
+        If the callback raises, its outcome is not taken: it is put back (it comes again to the
+        next consumer, or after :meth:`Client.resume`), the consumer stops and :meth:`wait`
+        raises :class:`CallbackFailed` (with the callback's error as its cause). Call
+        ``on_result`` again to go on.
         """
 
         async def consume() -> None:
-            async for outcome in self.results():
-                try:
-                    maybe = callback(outcome)
-                    if maybe is not None:
-                        await maybe
-                except Exception:
-                    log.exception(
-                        "client.callback_failed", extra={"job_id": self.id, "task_id": outcome.task_id}
-                    )
+            stream = self.results()
+            try:
+                async for outcome in stream:
+                    try:
+                        maybe = callback(outcome)
+                        if maybe is not None:
+                            await maybe
+                    except Exception as exc:
+                        log.exception(
+                            "client.callback_failed", extra={"job_id": self.id, "task_id": outcome.task_id}
+                        )
+                        raise CallbackFailed(outcome.task_id) from exc
+            finally:
+                await stream.aclose()
 
-        self._consumer = asyncio.create_task(consume())
+        self._consumer = asyncio.create_task(consume(), name=f"on-result-{self.id}")
         return self._consumer
 
     async def wait(self) -> None:
-        """Waits until the ``on_result`` consumer has delivered every outcome."""
+        """Waits until the ``on_result`` consumer has delivered every outcome.
+
+        Raises:
+            CallbackFailed: the callback raised (its outcome was put back).
+        """
         if self._consumer is None:
             raise RuntimeError("wait() needs on_result(); iterate results() otherwise")
         await self._consumer
 
-    async def map(self, payloads: Iterable[object]) -> list[Outcome]:
-        """Submits every payload, closes the job and returns outcomes in submission order."""
-        order = {await self.submit(p): i for i, p in enumerate(payloads)}
-        await self.close()
-        outcomes: list[Outcome | None] = [None] * len(order)
-        async for outcome in self.results():
-            index = order.get(outcome.task_id)
-            if index is not None:
-                outcomes[index] = outcome
-        return [o for o in outcomes if o is not None]
+    async def map(
+        self,
+        payloads: Iterable[object] | AsyncIterable[object],
+        *,
+        ordered: bool = True,
+        window: int = MAP_WINDOW,
+        progress: bool | None = None,
+    ) -> AsyncGenerator[Outcome, None]:
+        """Submits every payload, closes the job, and yields one outcome per payload.
+
+        Payloads are taken lazily: at most ``window`` tasks are submitted and not yet yielded,
+        so memory stays bounded however many there are. With ``ordered`` (the default) outcomes
+        come in the order of ``payloads``; otherwise as they arrive. ``progress`` shows a
+        progress bar (tqdm, on stderr); by default when stderr is a terminal.
+
+        Raises whatever :meth:`submit` raises for a payload (the tasks submitted before it
+        still run; their outcomes are not yielded).
+        """
+        if window < 1:
+            raise ValueError(f"window: must be at least 1, got {window}")
+        if progress is None:
+            progress = sys.stderr.isatty()
+        room = asyncio.Semaphore(window)
+        index_of: dict[str, int] = {}
+        count: list[int] = []  # set once every payload is submitted
+
+        async def produce() -> None:
+            n = 0
+            async for payload in _aiter(payloads):
+                await room.acquire()
+                index_of[await self.submit(payload)] = n
+                n += 1
+            count.append(n)
+            await self.close()
+
+        producer = asyncio.create_task(produce(), name=f"map-{self.id}")
+        bar = _progress_bar(progress, self.id, len(payloads) if isinstance(payloads, Sized) else None)
+        waiting: dict[int, Outcome] = {}
+        next_index = 0
+        try:
+            async for outcome in _until_done(self.results(), producer):
+                index = index_of.pop(outcome.task_id, None)
+                if index is None:
+                    continue  # a task of an earlier run of this job, not of this map
+                if bar is not None:
+                    bar.update(1)
+                if not ordered:
+                    room.release()
+                    yield outcome
+                    continue
+                waiting[index] = outcome
+                while next_index in waiting:
+                    room.release()
+                    yield waiting.pop(next_index)
+                    next_index += 1
+            await producer  # raises what a submit raised
+        finally:
+            if not producer.done():
+                producer.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await producer
+            if bar is not None:
+                bar.close()
 
     async def cancel(self) -> None:
         """Cancels the job: the scheduler deletes its queues, and every task without an outcome
-        yet gets a cancelled one (``results()`` yields them, then ends)."""
-        await self._stop_progress()
+        yet gets a cancelled one (``results()`` yields them, then ends).
+
+        This client stops using the job's queues first, so that none of its pipes declares
+        them again after the scheduler deleted them. If the scheduler cannot be told (the
+        error is raised), the journal is kept: call ``cancel()`` again.
+        """
+        await self._stop_local()
         with map_rpc_errors():
             self._info = await self._client.jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=self.id))
-        await self._cancelled_locally()
-        log.info("client.job.cancelled", extra={"job_id": self.id, "pending": len(self._pending)})
+        await self._drop_journal()
+        log.info("client.job.cancelled", extra={"job_id": self.id, "pending": self.outstanding})
 
     async def _cancelled_locally(self) -> None:
+        """Another client cancelled the job."""
+        await self._stop_local()
+        await self._drop_journal()
+
+    async def _stop_local(self) -> None:
+        """No more work on the job here: reporter, loss watch and pipes stop; outcomes still
+        missing become cancelled ones."""
         self._cancelled = True
         self._closed = True
         await self._stop_progress()
+        await self._watch.stop()
         with contextlib.suppress(PipeError):
             await self._tasks.close()
         with contextlib.suppress(PipeError):
             await self._results.close()
-        shutil.rmtree(self._client.spool_path(self.id), ignore_errors=True)
+
+    async def detach(self) -> None:
+        """Stops this client's work on the job and leaves it to :meth:`Client.resume`: the
+        journal keeps every task without an outcome; the job goes on in the cluster. Idempotent."""
+        if self._detached:
+            return
+        self._detached = True
+        await self._stop_progress()
+        await self._watch.stop()
+        await self._settle_confirms()
+        with contextlib.suppress(PipeError):
+            await self._tasks.close()
+        with contextlib.suppress(PipeError):
+            await self._results.close()
+        await self._journal.close()
 
     async def set_importance(self, importance: float) -> None:
         """Changes the job's weight in the fair share; slots move at once.
@@ -377,3 +620,51 @@ class Job:
         """The scheduler's current view of the job."""
         self._info = await self._client.get_job_info(self.id)
         return self._info
+
+
+async def _ack(delivery: Delivery[ResultMessage]) -> None:
+    # The result's channel may be gone: the broker then delivers it again, and it is dropped
+    # as a duplicate (its task is no longer in the journal).
+    with contextlib.suppress(PipeError):
+        await delivery.ack()
+
+
+async def _aiter(items: Iterable[object] | AsyncIterable[object]) -> AsyncIterator[object]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+async def _until_done(
+    outcomes: AsyncGenerator[Outcome, None], producer: asyncio.Task[None]
+) -> AsyncGenerator[Outcome, None]:
+    """``outcomes``, but raises the producer's error as soon as it fails (the job then never
+    gets closed, so ``outcomes`` alone would not end)."""
+    try:
+        while True:
+            step = asyncio.ensure_future(anext(outcomes))
+            if not producer.done():
+                await asyncio.wait([step, producer], return_when=asyncio.FIRST_COMPLETED)
+                if not step.done() and producer.exception() is not None:
+                    step.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                        await step
+                    raise producer.exception()  # type: ignore[misc]
+            try:
+                outcome = await step
+            except StopAsyncIteration:
+                return
+            yield outcome
+    finally:
+        await outcomes.aclose()
+
+
+def _error_of(confirmation: Confirmation) -> BaseException:
+    return asyncio.CancelledError() if confirmation.cancelled() else confirmation.exception() or Exception()
+
+
+def _progress_bar(show: bool, job_id: str, total: int | None) -> tqdm[NoReturn] | None:
+    return tqdm(desc=f"job {job_id}", total=total, unit="task", file=sys.stderr) if show else None

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from typing import Final, Literal, TypedDict, Unpack
 
+from truba.pipes.commit import FsyncPolicy
 from truba.proto.v1 import common_pb2
 
 Preemption = Literal["graceful", "immediate"]
@@ -81,6 +83,15 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
     )
 
 
-def queue_kind(settings: common_pb2.JobSettings) -> str:
-    """The RabbitMQ ``x-queue-type`` of a job's task and result queues."""
-    return "classic" if settings.queue_type == common_pb2.QUEUE_TYPE_CLASSIC else "quorum"
+class ClientOptions(TypedDict, total=False):
+    """Keyword arguments of :class:`~truba.client.Client` (and :func:`~truba.client.connect`);
+    see ``Client.__init__`` for each."""
+
+    max_unconfirmed: int
+    result_prefetch: int
+    max_payload: int
+    broker_heartbeat: float
+    journal: str | os.PathLike[str] | Literal[False] | None
+    journal_fsync: FsyncPolicy
+    token: str | None
+    tls_ca: str | os.PathLike[str] | None

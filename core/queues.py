@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from truba.pipes.rabbit import QueueSpec
+from truba.proto.v1 import common_pb2
 
 MAX_PRIORITY = 9
 """Task priorities are 0 (the default) to 9: RabbitMQ advises few levels (each costs memory and
@@ -30,6 +31,12 @@ class JobQueues:
     kind: str = "quorum"
     priorities: bool = False
     """The task queue is a priority queue (levels 0..:data:`MAX_PRIORITY`)."""
+
+    @property
+    def marker(self) -> str:
+        """A queue only clients declare and scheduler deletes: a broker on which it is missing
+        lost its data (see :mod:`truba.client.watch`)."""
+        return self.tasks.removesuffix(".tasks") + ".marker"
 
     def all(self) -> tuple[str, str, str]:
         """The three names, dead-letter queue first (the other two dead-letter into it)."""
@@ -58,6 +65,12 @@ class JobQueues:
             if spec.name == name:
                 return spec
         raise KeyError(name)
+
+
+def queues_of(queues: common_pb2.JobQueues, settings: common_pb2.JobSettings) -> JobQueues:
+    """A job's queues as the scheduler describes them (CreateJob, GetJob, assignments)."""
+    kind = "classic" if settings.queue_type == common_pb2.QUEUE_TYPE_CLASSIC else "quorum"
+    return JobQueues(queues.tasks, queues.results, queues.dead, kind=kind, priorities=settings.priorities)
 
 
 def job_queues(job_id: str, kind: str = "quorum", *, priorities: bool = False) -> JobQueues:

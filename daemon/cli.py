@@ -85,6 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"deliveries a job may hold per broker beyond its slots (default {PREFETCH_EXTRA})",
     )
     parser.add_argument(
+        "--no-fork-server",
+        dest="fork_server",
+        action="store_false",
+        help="spawn a fresh interpreter per slot instead of forking slots from a template process "
+        "that preloaded the assigned handlers' modules",
+    )
+    parser.add_argument(
         "--broker-heartbeat", type=float, default=10.0, metavar="SECONDS", help="AMQP heartbeat"
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -115,6 +122,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig | str:
         policy=policy,
         prefetch_extra=args.prefetch_extra,
         drain_timeout=args.drain_timeout,
+        fork_server=args.fork_server,
     )
     if args.daemon_id:
         config.daemon_id = args.daemon_id

@@ -27,16 +27,19 @@ from typing import Final
 from truba.daemon.allow import is_allowed
 from truba.daemon.control import SchedulerLink
 from truba.daemon.ends import JobPipes
+from truba.daemon.forkserver import ForkServer
+from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.pipes.base import Sender
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import RabbitBroker, redact
+from truba.pipes.rabbit import QueueSpec, RabbitBroker, redact
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
+from truba.queues import queues_of
 from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class DaemonConfig:
     ``prefetch_extra``: deliveries per broker beyond the job's slots. ``drain_timeout``: seconds
     a drain may take before running tasks are interrupted (None: as long as they run).
     ``stop_confirm_timeout``: seconds an immediate stop waits for confirms of what it put back.
+    ``fork_server``: fork slots from a template that preloaded the assigned jobs' handlers (see
+    :mod:`truba.daemon.forkserver`); else spawn a fresh interpreter per slot.
     """
 
     scheduler: str
@@ -70,6 +75,7 @@ class DaemonConfig:
     prefetch_extra: int = PREFETCH_EXTRA
     drain_timeout: float | None = None
     stop_confirm_timeout: float = 5.0
+    fork_server: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,9 +84,10 @@ class Wanted:
 
     handler: str
     slots: int
-    tasks_queue: str
-    results_queue: str
-    dead_queue: str
+    tasks_queue: str | QueueSpec
+    """A spec, so that a broker that lost the queue (its data wiped) gets it declared again."""
+    results_queue: str | QueueSpec
+    dead_queue: str | QueueSpec
     settings: JobSettings = JobSettings()
 
 
@@ -90,7 +97,8 @@ class Daemon:
     def __init__(self, config: DaemonConfig) -> None:
         self.config = config
         self.link = SchedulerLink(config.scheduler, self)
-        self._slots = [SlotProcess(i) for i in range(config.slots)]
+        self._launcher: Launcher = ForkServer() if config.fork_server else Spawn()
+        self._slots = [SlotProcess(i, self._launcher) for i in range(config.slots)]
         self._free: list[SlotProcess] = list(self._slots)
         self._brokers: list[str] = []
         self._links: list[RabbitBroker] = []
@@ -170,12 +178,13 @@ class Daemon:
                 # The scheduler should never do this; the daemon is the security boundary anyway.
                 log.error("daemon.job.refused", extra={"job_id": job.job_id, "handler": job.handler})
                 continue
+            queues = queues_of(job.queues, job.settings)
             wanted[job.job_id] = Wanted(
                 job.handler,
                 job.slots,
-                job.queues.tasks,
-                job.queues.results,
-                job.queues.dead,
+                queues.spec(queues.tasks),
+                queues.spec(queues.results),
+                queues.spec(queues.dead),
                 JobSettings.from_proto(job.settings),
             )
         log.info(
@@ -184,6 +193,8 @@ class Daemon:
         )
         self._wanted = wanted
         self._version = assignment.version
+        if isinstance(self._launcher, ForkServer):  # slots forked from now on import them up front
+            self._launcher.preload(job.handler for job in wanted.values())
         self._changed.set()
 
     def drain(self, reason: str = "scheduler") -> None:
@@ -226,7 +237,10 @@ class Daemon:
                 "allow": self.config.allow,
             },
         )
-        await asyncio.gather(*(slot.start() for slot in self._slots))
+        if not isinstance(self._launcher, ForkServer):
+            # Spawned interpreters come up in parallel now. Forked slots start on first use,
+            # from a template that preloaded the assigned handlers (forking takes milliseconds).
+            await asyncio.gather(*(slot.start() for slot in self._slots))
         link = asyncio.create_task(self.link.run(self._stop))
         try:
             while not (self._draining and not self._runners and not self._closing):
@@ -244,6 +258,7 @@ class Daemon:
         self._runners.clear()
         await asyncio.gather(*self._closing.values(), return_exceptions=True)
         await asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True)
+        await self._launcher.close()
         await asyncio.gather(*(broker.close() for broker in self._links), return_exceptions=True)
         self._stop.set()
         await link

@@ -12,6 +12,10 @@ at any point loses nothing: the broker redelivers the unacked task. The confirm 
 in the background (the slot goes on with the next task meanwhile); :meth:`TaskEnds.wait` waits
 for them. If a confirm fails (the broker refused the message), the task is rejected with
 requeue as a last resort: it runs again, and its next daemon counts one attempt more.
+
+:meth:`TaskEnds.hold` keeps settles back for a while (they wait, nothing is lost): while the
+runner stops consuming, so that the consumer's prefetch credit runs out before basic.cancel
+(see :meth:`truba.daemon.runner.JobRunner._cancel_listener`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from truba.daemon.stats import JobStats
@@ -56,6 +60,23 @@ class TaskEnds:
     stats: JobStats
     on_broken: Callable[[PipeError], None] = lambda exc: None
     _settling: set[asyncio.Task[None]] = field(default_factory=set)
+    _open: asyncio.Event = field(default_factory=asyncio.Event)
+    _holds: int = 0
+
+    def __post_init__(self) -> None:
+        self._open.set()
+
+    @contextlib.asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        """No ack or reject leaves while inside (nested holds stack); they go out after."""
+        self._holds += 1
+        self._open.clear()
+        try:
+            yield
+        finally:
+            self._holds -= 1
+            if self._holds == 0:
+                self._open.set()
 
     @property
     def in_flight(self) -> int:
@@ -121,6 +142,7 @@ class TaskEnds:
                 await confirmation
         except PipeError as exc:
             log.warning("daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
+            await self._open.wait()
             await settle(delivery.reject(requeue=True))
             if exc.retryable:
                 self.on_broken(exc)
@@ -134,6 +156,7 @@ class TaskEnds:
             self.stats.failed += 1
         if gave_up:
             self.stats.gave_up += 1
+        await self._open.wait()
         await settle(delivery.ack())
         log.debug("daemon.task.acked", extra={"what": what})
 

@@ -47,6 +47,13 @@ from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
 log = logging.getLogger(__name__)
 GET_TIMEOUT = 0.5
+CANCEL_QUIET = 0.03
+"""Seconds without acks before basic.cancel. A quorum queue returns what it had already sent
+towards a consumer that is cancelled (not yet on the wire to us): such a task comes back marked
+redelivered with ``x-delivery-count`` raised, so its next daemon counts an attempt it never
+ran. Each ack gives the consumer credit for one more delivery; with acks held back, what is on
+its way arrives (and is handed back unspent) and nothing more is sent before the cancel. A
+round trip to the broker must fit in it (local network)."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class JobRunner:
         policy: SlotPolicy | None = None,
         window: Window | None = None,
         stop_timeout: float = 5.0,
+        cancel_quiet: float = CANCEL_QUIET,
     ) -> None:
         self.job_id = job_id
         self.handler = handler
@@ -116,6 +124,7 @@ class JobRunner:
         self.policy = policy or SlotPolicy()
         self.window = window or Window(1)
         self.stop_timeout = stop_timeout
+        self.cancel_quiet = cancel_quiet
         self.failure: PipeError | None = None
         self.ends = TaskEnds(pipes, daemon_id, self.stats, self._broke)
         self._workers: dict[Worker, asyncio.Task[None]] = {}
@@ -124,6 +133,8 @@ class JobRunner:
         self._closing = False
         self._now = False
         self._stopping: asyncio.Future[None] | None = None
+        self._putting_back: set[asyncio.Task[None]] = set()
+        """Interrupted tasks on their way back to the queue (their slot is free already)."""
         self._specs: dict[str, BatchSpec | None] = {}
         """What a slot said about each handler this runner ran (None: one task at a time)."""
 
@@ -202,6 +213,8 @@ class JobRunner:
                 worker.wake.set()
         if self._workers:
             await asyncio.gather(*self._workers.values(), return_exceptions=True)
+        if self._putting_back:
+            await asyncio.gather(*self._putting_back, return_exceptions=True)
         await self._hand_back_unstarted()
         if not await self._settled():
             log.warning("daemon.job.unconfirmed_on_close", extra={"job_id": self.job_id})
@@ -225,11 +238,33 @@ class JobRunner:
         return self._stopping
 
     async def _cancel_listener(self) -> None:
+        """Stops consuming with no delivery on its way to us (see CANCEL_QUIET)."""
         tasks = self.pipes.tasks
         if isinstance(tasks, StopsConsuming):
-            with contextlib.suppress(PipeError, TimeoutError):
-                await asyncio.wait_for(tasks.cancel(), self.stop_timeout)
-                log.debug("daemon.job.consumer_cancelled", extra={"job_id": self.job_id})
+            async with self.ends.hold():
+                await asyncio.sleep(self.cancel_quiet)
+                with contextlib.suppress(PipeError, TimeoutError):
+                    await asyncio.wait_for(tasks.cancel(), self.stop_timeout)
+                    log.debug("daemon.job.consumer_cancelled", extra={"job_id": self.job_id})
+
+    def _put_back_later(self, requeues: list[tuple[Delivery[TaskMessage], TaskMessage]]) -> None:
+        """Requeues interrupted tasks in the background, so that their slot goes to the new job
+        now instead of after consuming stopped (which the requeue waits for, see _requeue)."""
+
+        async def put_back() -> None:
+            try:
+                for delivery, task in requeues:
+                    with bind(task_id=task.task_id):
+                        await self._requeue(delivery, task, "preempted")
+            except PipeClosed:
+                pass
+            except PipeError as exc:
+                self._broke(exc)
+                log.warning("daemon.job.requeue_failed", extra={"error": repr(exc)})
+
+        putting = asyncio.create_task(put_back())
+        self._putting_back.add(putting)
+        putting.add_done_callback(self._putting_back.discard)
 
     async def _requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
         """Puts a task back into its queue; once the job is leaving, only after consuming stopped,
@@ -244,6 +279,10 @@ class JobRunner:
         if self.failure is None:
             self.failure = exc
 
+    def _going(self, worker: Worker) -> bool:
+        """The worker will leave at its next turn (see _leaves, which also marks it)."""
+        return worker.leaving or self._closing or self.failure is not None or self.staying > self.target
+
     def _leaves(self, worker: Worker) -> bool:
         if worker.leaving or self._closing or self.failure is not None:
             return True
@@ -256,6 +295,7 @@ class JobRunner:
         with bind(job_id=self.job_id, slot=worker.slot.index, daemon_id=self.daemon_id):
             log.debug("daemon.worker.started", extra={"handler": self.handler})
             try:
+                await worker.slot.prepare(self.handler)
                 while not self._leaves(worker):
                     if self.handler not in self._specs and not await self._describe(worker):
                         continue
@@ -265,11 +305,13 @@ class JobRunner:
                         continue
                     if spec is None:
                         await self._handle(worker, delivery)
-                        await self.ends.wait(max(1, self.target))  # backpressure on confirms
+                        limit = max(1, self.target)
                     else:
                         batch = await collect(self.pipes.tasks, delivery, spec, lambda: self._taken(worker))
                         await self._handle_batch(worker, batch)
-                        await self.ends.wait(max(1, self.target) * spec.max_size)
+                        limit = max(1, self.target) * spec.max_size
+                    if not self._going(worker):  # a leaving worker frees its slot at once
+                        await self.ends.wait(limit)  # backpressure on confirms
             except PipeClosed:
                 pass
             except PipeError as exc:
@@ -415,8 +457,7 @@ class JobRunner:
             await self._maybe_recycle(worker.slot)
         elif end.ending is Ending.INTERRUPTED:
             self.stats.preempted += len(runnable)
-            for delivery, spent in runnable:
-                await self._requeue(delivery, _with(delivery.message, spent), "preempted")
+            self._put_back_later([(delivery, _with(delivery.message, spent)) for delivery, spent in runnable])
             fields = {"size": len(runnable), "seconds": round(end.seconds, 3)}
             log.info("daemon.batch.preempted", extra=fields)
         else:
@@ -445,7 +486,7 @@ class JobRunner:
             await self._maybe_recycle(worker.slot)
         elif end.ending is Ending.INTERRUPTED:
             self.stats.preempted += 1
-            await self._requeue(delivery, _with(task, spent), "preempted")
+            self._put_back_later([(delivery, _with(task, spent))])
             log.info("daemon.task.preempted", extra={"attempt": attempt, "seconds": round(end.seconds, 3)})
         else:
             await self._failed(delivery, task, end, spent)

@@ -148,13 +148,15 @@ def _array_header(n: int) -> bytes:
     return b"\xdd" + n.to_bytes(4, "big")
 
 
-def die_with_parent() -> None:
+def die_with_parent(parent: int | None = None) -> None:
     """Asks Linux to SIGKILL this slot when its daemon dies, even by kill -9.
 
     Otherwise an orphaned slot would compute on until its task ends (it only notices the daemon
     is gone at the next read), and the broker has redelivered that task elsewhere already.
+    ``parent`` is the pid the parent had before this process started (a forked slot knows its
+    template's); if it is gone already, exit now.
     """
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     try:
         import ctypes
 
@@ -166,10 +168,11 @@ def die_with_parent() -> None:
         os._exit(0)
 
 
-def main() -> int:
+def main(parent: int | None = None) -> int:
+    """Serves requests until EOF; ``parent``: see :func:`die_with_parent`."""
     # The daemon decides when a slot stops; Ctrl-C on a terminal must not fail a running task.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    die_with_parent()
+    die_with_parent(parent)
     frames_out = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # the handler's prints go to stderr
     sys.stdout = sys.stderr

@@ -1,52 +1,29 @@
 """Slot subprocesses, seen from the daemon: start, run a task or a batch, notice death, kill, measure.
 
-A slot is a ``python -m truba.daemon.slot`` child speaking length-prefixed msgpack frames over
-its stdin/stdout (see :mod:`truba.daemon.slot`). The process boundary protects the daemon from
-the handler's crashes, leaks and hangs: a task that must stop *now* (timeout, memory limit,
-preemption) is stopped by killing its slot, which is then started afresh.
+A slot is a process running :mod:`truba.daemon.slot`, speaking length-prefixed msgpack frames
+over its stdin/stdout; a :class:`~truba.daemon.launch.Launcher` starts it (spawned, or forked
+from a template that preloaded the handlers: :mod:`truba.daemon.forkserver`). The process
+boundary protects the daemon from the handler's crashes, leaks and hangs: a task that must stop
+*now* (timeout, memory limit, preemption) is stopped by killing its slot, which is then started
+afresh.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import sys
-import warnings
 from dataclasses import dataclass
 from typing import final
 
 import msgpack
 
+from truba.daemon.launch import Launcher, SlotHandle, Spawn
 from truba.daemon.memory import private_bytes
 from truba.daemon.slot import HEADER
 from truba.handlers import BatchSpec
 from truba.wire import ErrorInfo
 
 log = logging.getLogger(__name__)
-
-
-def _use_pidfd_child_watcher() -> None:
-    """On Python 3.11, watch children with pidfds (the 3.12 default) instead of a thread each.
-
-    The thread-per-child watcher races with ``subprocess``'s own reaping of abandoned Popen
-    objects and then reports a crashed slot's exit status as 255; pidfds cannot be confused.
-    """
-    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        policy = asyncio.get_event_loop_policy()
-        watcher = policy.get_child_watcher()
-        if not isinstance(watcher, asyncio.PidfdChildWatcher):
-            watcher = asyncio.PidfdChildWatcher()
-            policy.set_child_watcher(watcher)
-        loop = asyncio.get_running_loop()
-        # Re-attaching drops the watches of running children: only attach to a new loop.
-        if getattr(watcher, "_loop", None) is not loop:
-            watcher.attach_loop(loop)
 
 
 class SlotDied(Exception):
@@ -66,11 +43,13 @@ class SlotReply:
 
 @final
 class SlotProcess:
-    """One slot subprocess; runs one task at a time."""
+    """One slot process at a time; runs one task at a time. ``launcher`` starts its processes
+    (default: :class:`~truba.daemon.launch.Spawn`)."""
 
-    def __init__(self, index: int) -> None:
+    def __init__(self, index: int, launcher: Launcher | None = None) -> None:
         self.index = index
-        self._process: asyncio.subprocess.Process | None = None
+        self.launcher: Launcher = launcher or Spawn()
+        self._process: SlotHandle | None = None
         self.tasks_run = 0
         """Tasks this process has answered (reset when the process is replaced)."""
 
@@ -82,19 +61,24 @@ class SlotProcess:
     def alive(self) -> bool:
         return self._process is not None and self._process.returncode is None
 
+    @property
+    def preloaded(self) -> frozenset[str]:
+        """Handlers whose modules the current process had imported before it started."""
+        return self._process.preloaded if self._process is not None else frozenset()
+
     async def start(self) -> None:
-        """Starts a fresh process (returns once it is spawned, not once Python is up)."""
-        _use_pidfd_child_watcher()
+        """Starts a fresh process (returns once it runs, not necessarily once Python is up)."""
         self.tasks_run = 0
-        self._process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "truba.daemon.slot",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=os.environ.copy(),
-        )
-        log.info("daemon.slot.started", extra={"slot": self.index, "pid": self._process.pid})
+        self._process = await self.launcher.launch()
+        fields = {"slot": self.index, "pid": self._process.pid, "preloaded": len(self._process.preloaded)}
+        log.info("daemon.slot.started", extra=fields)
+
+    async def prepare(self, handler: str) -> None:
+        """Replaces an idle process that lacks ``handler`` preloaded when a new one would have it."""
+        if self._process is not None and self.launcher.outdated(self._process, handler):
+            log.debug("daemon.slot.refreshed", extra={"slot": self.index, "handler": handler})
+            await self.stop()
+            await self.start()
 
     async def run(self, handler: str, task_id: str, payload: object) -> SlotReply:
         """Runs one task; raises SlotDied if the process exits first (it starts afresh next time).
@@ -135,7 +119,7 @@ class SlotProcess:
         if not self.alive:
             await self.start()
         process = self._process
-        assert process is not None and process.stdin is not None and process.stdout is not None
+        assert process is not None
         frame = msgpack.packb(request, use_bin_type=True)
         try:
             process.stdin.write(HEADER.pack(len(frame)) + frame)
@@ -161,16 +145,14 @@ class SlotProcess:
         process = self._process
         if process is None or process.returncode is not None:
             return
-        with contextlib.suppress(ProcessLookupError):
-            process.kill()
+        process.kill()
         await process.wait()
         log.debug("daemon.slot.killed", extra={"slot": self.index, "pid": process.pid})
 
     async def _reap(self) -> int | None:
         if self._process is None:
             return None
-        with contextlib.suppress(ProcessLookupError):
-            self._process.kill()
+        self._process.kill()
         code = await self._process.wait()
         log.warning("daemon.slot.died", extra={"slot": self.index, "returncode": code})
         return code
@@ -180,13 +162,11 @@ class SlotProcess:
         process = self._process
         if process is None or process.returncode is not None:
             return
-        if process.stdin is not None:
-            process.stdin.close()
+        process.stdin.close()
         try:
-            await asyncio.wait_for(process.wait(), 2.0)
+            await asyncio.wait_for(asyncio.shield(process.wait()), 2.0)
         except TimeoutError:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGKILL)
+            process.kill()
             await process.wait()
 
 

@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     with truba.connect(args.scheduler) as client:
         job = client.create_job(handler="examples.primes:count", importance=1.0, name="primes")
-        outcomes = job.map(chunks)
+        outcomes = list(job.map(chunks))
     seconds = time.perf_counter() - began
     failed = [o for o in outcomes if not o.ok]
     for outcome in failed:

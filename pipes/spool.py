@@ -50,26 +50,17 @@ import functools
 import logging
 import os
 from collections.abc import Iterable, Sequence
-from typing import Final, Literal, final, get_args
+from typing import Final, final
 
 from truba.pipes.base import Confirmation, Layer, Sender
+from truba.pipes.commit import SYNC_INTERVAL, Committer, FsyncPolicy, check_policy
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.spool_log import (
-    SpoolError,
-    SpoolFull,
-    SpoolLocked,
-    SpoolLog,
-    fdatasync_and_close,
-)
+from truba.pipes.spool_log import SpoolError, SpoolFull, SpoolLocked, SpoolLog
 
-__all__ = ["FsyncPolicy", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolSender", "spool"]
+__all__ = ["SYNC_INTERVAL", "FsyncPolicy", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolSender", "spool"]
 
 log = logging.getLogger(__name__)
 
-SYNC_INTERVAL: Final = 0.01
-"""Seconds within which the ``interval`` policy makes a written record durable."""
-
-FsyncPolicy = Literal["always", "batch", "interval", "never"]
 SEGMENT_BYTES: Final = 64 * 1024 * 1024
 
 
@@ -90,10 +81,8 @@ class SpoolSender:
     """
 
     def __init__(self, inner: Sender[bytes], spool_log: SpoolLog, fsync: FsyncPolicy) -> None:
-        if fsync not in get_args(FsyncPolicy):
-            raise ValueError(f"fsync policy must be one of {get_args(FsyncPolicy)}, not {fsync!r}")
         self.inner = inner
-        self.fsync: FsyncPolicy = fsync
+        self.fsync: FsyncPolicy = check_policy(fsync)
         self.replayed = 0
         """Records of earlier runs handed to the inner sender again."""
         self._log = spool_log
@@ -102,8 +91,7 @@ class SpoolSender:
         spool_log.recovered = []
         self._in_flight: set[int] = set()
         self._resending = asyncio.Lock()
-        self._waiters: list[asyncio.Future[None]] = []
-        self._committer: asyncio.Task[None] | None = None
+        self._commit = Committer(spool_log, self.fsync)
         self._flush: asyncio.Handle | None = None
         self._closed = False
         log.info(
@@ -155,12 +143,7 @@ class SpoolSender:
         self._held[seq] = message
         self._in_flight.add(seq)  # this send owns it: resend_held must not send it too
         try:
-            if self.fsync == "always":
-                self._log.sync()
-            elif self.fsync == "batch":
-                await self._group_commit()
-            elif self.fsync == "interval":
-                self._sync_soon()
+            await self._commit.commit()
         except SpoolError:
             # Durability unknown: the caller is told it failed. The record may still come back
             # after a restart, as a duplicate of whatever the caller does next.
@@ -238,8 +221,7 @@ class SpoolSender:
             return
         self._closed = True
         try:
-            if self._committer is not None:
-                await asyncio.shield(self._committer)
+            await self._commit.drain()
             await self.inner.close()
             await asyncio.sleep(0)  # let confirmation callbacks that close() settled run
         finally:
@@ -302,62 +284,6 @@ class SpoolSender:
         self._flush = None
         self._log.flush_forgets()
 
-    async def _group_commit(self) -> None:
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        if self._committer is None:
-            self._committer = asyncio.get_running_loop().create_task(self._commit_groups())
-        await waiter
-
-    def _sync_soon(self) -> None:
-        """``interval``: make what was written durable within SYNC_INTERVAL, without waiting for it."""
-        if self._log.sync_error is not None:
-            raise self._log.sync_error
-        if self._committer is None:
-            self._committer = asyncio.get_running_loop().create_task(self._commit_later())
-
-    async def _commit_later(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            await asyncio.sleep(SYNC_INTERVAL)
-            self._committer = None  # writes from now on schedule the next sync
-            fd = self._log.sync_fd()
-            if fd is not None:
-                await loop.run_in_executor(None, fdatasync_and_close, fd)
-        except SpoolError:
-            pass  # recorded in the log's sync_error: the next send raises it
-        except OSError as exc:
-            self._log.sync_failed(exc)
-        finally:
-            if self._committer is asyncio.current_task():
-                self._committer = None
-
-    async def _commit_groups(self) -> None:
-        """One fdatasync per group: whatever was appended while the previous fsync ran."""
-        loop = asyncio.get_running_loop()
-        try:
-            while self._waiters:
-                group, self._waiters = self._waiters, []
-                error: SpoolError | None = None
-                try:
-                    fd = self._log.sync_fd()
-                    if fd is not None:
-                        await loop.run_in_executor(None, fdatasync_and_close, fd)
-                except SpoolError as exc:
-                    error = exc
-                except OSError as exc:
-                    error = self._log.sync_failed(exc)
-                error = error or self._log.sync_error  # a seal during the fsync may have failed
-                for waiter in group:
-                    if waiter.done():
-                        continue
-                    if error is None:
-                        waiter.set_result(None)
-                    else:
-                        waiter.set_exception(error)
-        finally:
-            self._committer = None
-
 
 def spool(
     directory: str | os.PathLike[str],
@@ -381,6 +307,5 @@ def spool(
 
 
 def _open_log(directory: str | os.PathLike[str], fsync: FsyncPolicy, segment_bytes: int) -> SpoolLog:
-    if fsync not in get_args(FsyncPolicy):
-        raise ValueError(f"fsync policy must be one of {get_args(FsyncPolicy)}, not {fsync!r}")
+    check_policy(fsync)
     return SpoolLog.open(directory, durable=fsync != "never", segment_bytes=segment_bytes)

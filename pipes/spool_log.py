@@ -4,6 +4,7 @@ This module is synchronous plain file I/O; :mod:`truba.pipes.spool` decides *whe
 A spool directory holds::
 
     LOCK                    flock()ed by the one process that owns the spool; contains its pid
+    NEXT                    the next seq, as of the last open or close
     00000000000003e8.seg    a segment (named by the hex seq of its first record), append-only
     00000000000003e8.ack    forget marks for that segment's records
 
@@ -19,8 +20,9 @@ as a duplicate after a crash. The salt ties a mark to one incarnation of a segme
 mark can never forget a newer record.
 
 Compaction: the active segment rotates at ``segment_bytes``; a segment is deleted once it is not
-the active one and every record in it is forgotten. Sequence numbers are unique within a run and
-grow across runs while any segment survives.
+the active one and every record in it is forgotten. Sequence numbers are unique and grow across
+runs: a crash leaves the active segment behind, and ``NEXT`` keeps the count when none is left,
+so an owner can use ``next_seq`` as the number of records ever appended.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import secrets
 import shutil
 import struct
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
@@ -48,6 +51,9 @@ RECORD_HEADER: Final = struct.Struct("<IIQ")  # payload length, crc32, seq
 ACK: Final = struct.Struct("<QI")  # seq, crc32(seq, salt)
 _LEN_SEQ: Final = struct.Struct("<IQ")
 _SALT: Final = struct.Struct("<I")
+NEXT_FILE: Final = "NEXT"
+"""Holds the next seq (written at open and close), so seqs grow across runs even when every
+segment was deleted."""
 MAX_RECORD: Final = 1 << 30
 """Longest payload accepted; a longer length field in a record is treated as corruption."""
 _FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
@@ -151,6 +157,41 @@ class SpoolLog:
     @property
     def segment_count(self) -> int:
         return len(self._segments)
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next record gets: records appended so far, counting earlier runs' as long
+        as a segment of theirs was left (a crash always leaves the active one)."""
+        return self._next_seq
+
+    def read(self, seqs: Iterable[int]) -> dict[int, bytes]:
+        """The payloads of the live records ``seqs``, read back from their segments.
+
+        For owners that keep only seqs in memory. Unknown or forgotten seqs are left out.
+
+        Raises:
+            SpoolError: a segment could not be read.
+        """
+        wanted = sorted(set(seqs))
+        found: dict[int, bytes] = {}
+        by_segment: dict[int, list[int]] = {}
+        for seq in wanted:
+            index = bisect.bisect_right(self._firsts, seq) - 1
+            if index >= 0 and seq <= self._segments[index].last:
+                by_segment.setdefault(index, []).append(seq)
+        for index, members in by_segment.items():
+            segment = self._segments[index]
+            try:
+                data = segment.seg_path.read_bytes()
+            except OSError as exc:
+                raise SpoolError(
+                    f"spool {self.directory}: cannot read {segment.seg_path.name}: {exc}"
+                ) from exc
+            want = set(members)
+            for seq, payload in _parse_records(data)[0]:
+                if seq in want:
+                    found[seq] = payload
+        return found
 
     def append(self, data: bytes) -> int:
         """Writes one record (one syscall, no fsync) and returns its seq."""
@@ -259,6 +300,10 @@ class SpoolLog:
             return
         try:
             self.flush_forgets()
+            try:
+                self._save_next_seq()
+            except OSError as exc:
+                log.warning("pipe.spool.next_seq_unsaved", extra={"error": repr(exc)})
             if self._active is not None:
                 self._seal(self._active)
             for segment in list(self._segments):
@@ -365,9 +410,27 @@ class SpoolLog:
                 paths.append((int(path.stem, 16), path))
             except ValueError:
                 log.warning("pipe.spool.stray_file", extra={"path": str(path)})
+        try:
+            self._next_seq = int((self.directory / NEXT_FILE).read_text())
+        except (FileNotFoundError, ValueError):
+            pass
         for first, path in sorted(paths):
             self._next_seq = max(self._next_seq, first + 1)
             self._recover_segment(first, path)
+        self._save_next_seq()
+
+    def _save_next_seq(self) -> None:
+        """Keeps the next seq in :data:`NEXT_FILE`, so seqs keep growing when no segment is left."""
+        path = self.directory / NEXT_FILE
+        scratch = path.with_suffix(".tmp")
+        scratch.write_text(str(self._next_seq))
+        if self.durable:
+            fd = os.open(scratch, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        scratch.replace(path)
 
     def _recover_segment(self, first: int, path: Path) -> None:
         data = path.read_bytes()

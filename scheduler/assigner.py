@@ -274,7 +274,7 @@ class Assigner:
             created_at=job.created_at,
             min_slots=settings.min_slots,
             max_slots=settings.max_slots,
-            demand=self._counters.demand(job.id, closed_submitted=closed),
+            demand=self._counters.demand(job.id, closed_submitted=closed, now=self._clock()),
         )
 
     def _push(

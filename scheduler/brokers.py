@@ -110,10 +110,11 @@ class Broker:
         await self._run(f"declare {queues.tasks}", declare_all)
 
     async def delete(self, queues: JobQueues) -> None:
-        """Deletes the job's three queues and their messages; missing queues are no error."""
+        """Deletes the job's queues (and its clients' marker) with their messages; missing queues
+        are no error."""
 
         async def delete_all(connection: AdminConnection) -> None:
-            for name in (queues.tasks, queues.results, queues.dead):
+            for name in (queues.tasks, queues.results, queues.dead, queues.marker):
                 await connection.delete(name)
 
         await self._run(f"delete {queues.tasks}", delete_all)

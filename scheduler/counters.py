@@ -31,6 +31,8 @@ from typing import Final, final
 
 RATE_HALF_LIFE: Final = 5.0
 """Seconds over which the submission-rate estimate halves its memory."""
+CLIENT_FRESH: Final = 15.0
+"""Seconds a client's report counts towards demand (a live client reports every few seconds)."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class _JobCounters:
     rate: float = 0.0
     """Submissions per second, exponentially weighted."""
     rate_at: float | None = None
+    reported_at: float | None = None
+    """When a client last reported (scheduler clock)."""
 
     def to_json(self) -> str:
         return json.dumps(
@@ -131,6 +135,7 @@ class JobCounters:
             decay = math.exp(-elapsed * math.log(2) / RATE_HALF_LIFE)
             job.rate = job.rate * decay + max(added, 0) / elapsed * (1 - decay)
         job.rate_at = now
+        job.reported_at = now
         changed = added > 0 or received > job.received
         job.submitted = max(job.submitted, submitted)
         job.received = max(job.received, received)
@@ -178,11 +183,25 @@ class JobCounters:
         """The job's counts; ``closed_submitted`` is the count CloseJob recorded (0 while open)."""
         return _counts(self._jobs.get(job_id) or _JobCounters(), closed_submitted)
 
-    def demand(self, job_id: str, *, closed_submitted: int | None = None) -> int | None:
+    def demand(
+        self, job_id: str, *, closed_submitted: int | None = None, now: float | None = None
+    ) -> int | None:
         """Slots the job could use now; None when unknown (no client report, job still open).
+
+        The daemons' counts say how many tasks are finished, but count a task twice when it ran
+        twice (its daemon died after its result went out, or a resumed client sent it again) and
+        count every failed attempt: they can only under-estimate what is left. The client's
+        count of distinct outcomes taken (``received``) can only over-estimate it (outcomes not
+        taken yet), often by far (a client that reads outcomes only after submitting them all).
+        So the daemons' view stands until it says nothing is left; then, while the client
+        reports (within :data:`CLIENT_FRESH` seconds of ``now``) outcomes still to come, the job
+        keeps the slots that run or wait for its tasks, plus one: it grows a slot a heartbeat
+        while there is work, and holds one idle slot at most while its client is slow to take
+        outcomes. Duplicates can so never starve a job of its last tasks.
 
         Args:
             closed_submitted: the final task count if the job is closed, else None.
+            now: the scheduler clock, to judge the client's report fresh (None: it is).
         """
         job = self._jobs.get(job_id)
         if closed_submitted is None and (job is None or not job.reported):
@@ -191,6 +210,12 @@ class JobCounters:
         outstanding = max(0, counts.submitted - counts.done - counts.failed)
         if closed_submitted is None and job is not None and counts.service_time > 0:
             outstanding = max(outstanding, math.ceil(job.rate * counts.service_time))
+        reported_at = job.reported_at if job is not None else None
+        fresh = reported_at is not None and (now is None or now - reported_at <= CLIENT_FRESH)
+        if outstanding == 0 and fresh and job is not None and counts.submitted > job.received:
+            # Tasks are left, but not how many: keep what runs or waits, and probe for one more.
+            waiting = sum(d.waiting for d in job.daemons.values())
+            outstanding = min(counts.submitted - job.received, counts.running + waiting + 1)
         return outstanding
 
     # -- persistence -----------------------------------------------------------------------------

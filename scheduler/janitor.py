@@ -13,7 +13,9 @@
 - **Sweep again.** Clients and daemons re-declare a job's queues when they reconnect to a broker
   (so a broker whose data was wiped gets them back). A daemon reconnecting in the moment between
   a job's end and the assignment that takes the job away could re-create a deleted queue, so
-  every deletion is repeated once, :data:`RESWEEP_AFTER` seconds later (best effort: in memory).
+  every deletion is repeated :data:`RESWEEP_AFTER` seconds later, and again after as long once
+  more (best effort: in memory). The first sweep catches the daemons that took the job's last
+  assignment a moment late, the second a reconnect in flight.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ from truba.scheduler.store import JobStore
 
 log = logging.getLogger(__name__)
 
-RESWEEP_AFTER: Final = 30.0
-"""Seconds after a job's queues were deleted before they are deleted once more."""
+RESWEEP_AFTER: Final = 2.0
+"""Seconds after a job's queues were deleted before they are deleted once more (then again
+after :data:`RESWEEP_LAST` seconds)."""
+RESWEEP_LAST: Final = 30.0
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -124,17 +128,20 @@ class QueueJanitor:
         task.add_done_callback(self._resweeps.discard)
 
     async def _resweep(self, job_id: str) -> None:
-        await asyncio.sleep(self._resweep_after)
         queues = job_queues(job_id)
-        for broker in self._brokers.all:
-            try:
-                await broker.delete(queues)
-            except PipeError as exc:  # best effort: the first deletion succeeded
-                log.info(
-                    "sched.queues.resweep_failed",
-                    extra={"job_id": job_id, "broker": broker.info.name, "error": str(exc)},
-                )
-        log.debug("sched.queues.resweeped", extra={"job_id": job_id})
+        waited = 0.0
+        for at in (self._resweep_after, max(self._resweep_after, RESWEEP_LAST)):
+            await asyncio.sleep(at - waited)
+            waited = at
+            for broker in self._brokers.all:
+                try:
+                    await broker.delete(queues)
+                except PipeError as exc:  # best effort: the first deletion succeeded
+                    log.info(
+                        "sched.queues.resweep_failed",
+                        extra={"job_id": job_id, "broker": broker.info.name, "error": str(exc)},
+                    )
+            log.debug("sched.queues.resweeped", extra={"job_id": job_id, "after": at})
 
     async def _reap_on(self, broker: Broker, job_id: str) -> None:
         queues = job_queues(job_id)

@@ -16,6 +16,7 @@ the test; nothing here skips.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,20 @@ from brokers import Broker, BrokerFactory, choose_backend  # noqa: E402
 
 from truba.local import ThreadedFaultProxy  # noqa: E402
 from truba.local.probe import speaks_amqp  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def client_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Clients made without ``journal=`` keep their journals under a temporary state folder,
+    not the user's ``~/.local/state``."""
+    state = tmp_path_factory.mktemp("state")
+    previous = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(state)
+    yield state
+    if previous is None:
+        del os.environ["XDG_STATE_HOME"]
+    else:
+        os.environ["XDG_STATE_HOME"] = previous
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ async def test_batches_give_one_correct_outcome_per_task_and_a_raising_batch_an_
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
     async with running(tmp_path, rabbit_nodes, daemons=1, slots=2) as cluster:
-        async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
             job = await client.create_job("tests.handlers.batching:double_all")
             ids = {await job.submit(i): i for i in range(500)}
             await job.close()

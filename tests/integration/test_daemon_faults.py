@@ -94,7 +94,14 @@ async def test_a_daemon_killed_mid_task_loses_nothing_and_its_tasks_count_one_at
         await job.collect(["t0"], timeout=15)  # it works...
         await eventually(lambda: scheduler.busy("d-doomed", job.job_id) == 2, what="both slots busy")
         slots = doomed.slot_pids()
-        running = {t.task_id for t in tasks if _pid_of(tmp_path, t.task_id) in slots}
+
+        def started() -> set[str]:
+            return {t.task_id for t in tasks if _pid_of(tmp_path, t.task_id) in slots}
+
+        # t0 and t1 are done: wait until the next two started too (the heartbeat that said
+        # "both busy" may be older than that, from t0 and t1).
+        await eventually(lambda: len(started()) >= 4, what="two more tasks running")
+        running = started()
         doomed.kill()  # ...until it is killed with two tasks running
         # Its slots die with it instead of computing on as orphans.
         await eventually(lambda: not any(Path(f"/proc/{pid}").exists() for pid in slots), timeout=2)
@@ -147,3 +154,65 @@ async def test_a_daemon_frozen_until_the_broker_drops_it_loses_nothing(
         await job.submit(*more)
         await job.collect([t.task_id for t in more], timeout=20)
         assert {job.outcome(t.task_id).daemon_id for t in more} == {"d-frozen"}, logs
+
+
+PRELOADED = "tests.unit.daemon.preloaded:imported_elsewhere"
+
+
+def _template_pids(daemon: object) -> list[int]:
+    """The daemon's children running the template (its forked slots share its command line)."""
+    daemon_pid: int = daemon.pid  # type: ignore[attr-defined]
+    pids: list[int] = daemon.slot_pids()  # type: ignore[attr-defined]
+    return [p for p in pids if b"truba.daemon.template" in _read(p, "cmdline") and _ppid(p) == daemon_pid]
+
+
+def _read(pid: int, name: str) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/{name}").read_bytes()
+    except OSError:
+        return b""
+
+
+def _ppid(pid: int) -> int:
+    stat = _read(pid, "stat").rsplit(b")", 1)[-1].split()
+    return int(stat[1]) if len(stat) > 1 else -1
+
+
+async def test_slots_are_forked_with_the_handler_preloaded_and_a_killed_template_is_replaced(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+) -> None:
+    job: JobQueues = await make_job()  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        daemon = start_daemon("d-fork", 2, "--allow", "tests.unit.daemon.*")
+        await eventually(lambda: scheduler.connected("d-fork"), what="daemon connected")
+        scheduler.assign("d-fork", job_slots(job, PRELOADED, 2))
+        first = [TaskMessage(f"a{i}", None) for i in range(6)]
+        await job.submit(*first)
+        await job.collect([t.task_id for t in first], timeout=20)
+        # The handler's module was imported by the template, before the slots were forked.
+        assert all(job.outcome(t.task_id).value is True for t in first), dump_logs(tmp_path)
+        [template] = _template_pids(daemon)
+        os.kill(template, signal.SIGKILL)  # its (idle) slots die with it
+        await asyncio.sleep(0.3)
+        second = [TaskMessage(f"b{i}", None) for i in range(6)]
+        await job.submit(*second)
+        await job.collect([t.task_id for t in second], timeout=20)
+        logs = dump_logs(tmp_path)
+        assert all(job.outcome(t.task_id).value is True for t in second), logs
+        assert all(job.outcome(t.task_id).attempts == 1 for t in first + second), logs
+        assert _template_pids(daemon) not in ([], [template]), logs
+        assert '"daemon.forkserver.template_died"' in daemon.log() and daemon.alive()
+
+
+async def test_without_the_fork_server_slots_are_spawned_and_import_the_handler_themselves(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+) -> None:
+    job: JobQueues = await make_job()  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        daemon = start_daemon("d-spawn", 1, "--allow", "tests.unit.daemon.*", "--no-fork-server")
+        await eventually(lambda: scheduler.connected("d-spawn"), what="daemon connected")
+        scheduler.assign("d-spawn", job_slots(job, PRELOADED, 1))
+        await job.submit(TaskMessage("t", None))
+        await job.collect(["t"], timeout=20)
+        assert job.outcome("t").value is False, dump_logs(tmp_path)
+        assert _template_pids(daemon) == []

@@ -62,6 +62,8 @@ class ScriptedScheduler(daemons_pb2_grpc.DaemonServiceServicer):
         self._jobs: dict[str, list[daemons_pb2.JobSlots]] = defaultdict(list)
         self._sessions: dict[str, _Session] = {}
         self._version = 0
+        self._sent: dict[str, int] = {}
+        """The version of the last assignment sent to each daemon."""
         self._server: grpc.aio.Server | None = None
         self.address = ""
 
@@ -82,6 +84,7 @@ class ScriptedScheduler(daemons_pb2_grpc.DaemonServiceServicer):
     def assign(self, daemon_id: str, *jobs: daemons_pb2.JobSlots) -> float:
         """Sends the daemon its complete assignment now; returns when (time.time()) it was sent."""
         self._version += 1
+        self._sent[daemon_id] = self._version
         self._jobs[daemon_id] = list(jobs)
         self._push(daemon_id, self._assignment(daemon_id))
         return time.time()
@@ -133,6 +136,19 @@ class ScriptedScheduler(daemons_pb2_grpc.DaemonServiceServicer):
         """Slots of the daemon running the job's tasks, per its latest heartbeat."""
         stats = self.stats(daemon_id, job_id)
         return stats.busy_slots if stats is not None else 0
+
+    def settled(self, daemon_id: str, job_id: str, busy: int) -> bool:
+        """The daemon's latest heartbeat comes after its latest assignment and shows it running
+        only ``job_id``, on ``busy`` busy slots (no other job's runner left, even a closing one).
+
+        A heartbeat sent before the assignment arrived may show the wanted busy count as well:
+        checking ``busy`` alone lets a test act while the daemon still runs the previous job.
+        """
+        beat = self.beats.get(daemon_id)
+        if beat is None or beat.applied_version < self._sent.get(daemon_id, 0):
+            return False
+        others = [j.job_id for j in beat.running if j.job_id != job_id]
+        return not others and self.busy(daemon_id, job_id) == busy
 
     def stats(self, daemon_id: str, job_id: str) -> daemons_pb2.JobStats | None:
         beat = self.beats.get(daemon_id)
@@ -213,9 +229,17 @@ class DaemonProcess:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
     def slot_pids(self) -> list[int]:
-        """Pids of the daemon's slot processes (its children)."""
-        children = Path(f"/proc/{self.pid}/task/{self.pid}/children")
-        return [int(p) for p in children.read_text().split()] if children.exists() else []
+        """Pids of the daemon's slot processes: its descendants (forked slots are children of the
+        fork server's template, which is listed too)."""
+        found, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            children = Path(f"/proc/{pid}/task/{pid}/children")
+            with contextlib.suppress(OSError):
+                kids = [int(p) for p in children.read_text().split()]
+                found += kids
+                todo += kids
+        return found
 
 
 class JobQueues:

@@ -26,7 +26,7 @@ async def test_an_important_job_gets_its_share_in_time_and_nothing_is_lost(
     rabbit_nodes: list[object], tmp_path: Path, mode: Preemption
 ) -> None:
     async with running(tmp_path, rabbit_nodes, daemons=2, slots=2) as cluster:
-        async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
             # Given a low-importance job running long tasks on every slot
             low = await client.create_job("tests.handlers.timing:started_at", 1.0, preemption=mode)
             for _ in range(2 * SLOTS):

@@ -16,7 +16,7 @@ async def test_high_priority_tasks_overtake_a_backlog_of_low_ones(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
     async with running(tmp_path, rabbit_nodes, daemons=1, slots=1) as cluster:
-        async with Client(cluster.address, spool_dir=tmp_path / "spool") as client:
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
             with pytest.raises(ValueError, match="queue_type"):
                 await client.create_job("tests.handlers.basic:sleep", priorities=True)
             job = await client.create_job("tests.handlers.basic:sleep", priorities=True, queue_type="classic")

@@ -143,8 +143,10 @@ async def test_reported_progress_sets_demand_and_a_job_that_needs_less_gives_slo
     # The small job has one task left to run: it keeps one slot, the big one gets the rest
     await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1))
     await latest_assignment(daemon, {small.id: 1, big.id: 3})
-    # Daemons report it done: no demand left, all slots go to the big job
+    # Daemons report it done and the client took its outcome: no demand left, all slots go
+    # to the big job (with the outcome not taken yet, the job would keep one slot to probe with)
     daemon.send_heartbeat(stats=[daemons_pb2.JobStats(job_id=small.id, done=1)])
+    await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1, received=1))
     await latest_assignment(daemon, {big.id: 4})
     got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=small.id))
     assert (got.counts.submitted, got.counts.done, got.counts.backlog) == (1, 1, 0)

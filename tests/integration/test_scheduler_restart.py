@@ -29,7 +29,7 @@ async def test_a_scheduler_killed_mid_jobs_and_restarted_loses_and_duplicates_no
     async with running(tmp_path, rabbit_nodes, daemons=2, slots=2) as cluster:
         scheduler = cluster.local.processes[0]
         address = cluster.address
-        async with Client(address, spool_dir=tmp_path / "spool") as client:
+        async with Client(address, journal=tmp_path / "journal") as client:
             jobs = [
                 await client.create_job("tests.handlers.basic:sleep", importance=1.0),
                 await client.create_job("tests.handlers.basic:sleep", importance=2.0),

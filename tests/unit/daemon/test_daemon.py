@@ -42,13 +42,14 @@ class FakePipesDaemon(Daemon):
         self.jobs: dict[str, FakeJob] = {}
 
     def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
-        fake = self.jobs.get(job.tasks_queue)
+        tasks_queue = job.tasks_queue if isinstance(job.tasks_queue, str) else job.tasks_queue.name
+        fake = self.jobs.get(tasks_queue)
         if fake is None or fake.tasks.closed:
             old = fake
             fake = FakeJob(FakeListener(), FakeSender(True), FakeSender(True), FakeSender(True))
             if old is not None:  # what was left in the old listener is still the job's
                 fake.results.sent, fake.requeue.sent = old.results.sent, old.requeue.sent
-            self.jobs[job.tasks_queue] = fake
+            self.jobs[tasks_queue] = fake
         return JobPipes(fake.tasks, fake.results, fake.requeue, fake.dead)
 
 

@@ -1,16 +1,23 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import pytest
 
+from truba.daemon.forkserver import ForkServer
+from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.slots import SlotDied, SlotProcess
 
 
-@pytest.fixture
-async def slot() -> SlotProcess:
-    process = SlotProcess(0)
+@pytest.fixture(params=["spawn", "fork"])
+async def slot(request: pytest.FixtureRequest) -> AsyncIterator[SlotProcess]:
+    # Every slot behaviour holds whether the slot is spawned or forked from a template.
+    launcher: Launcher = Spawn() if request.param == "spawn" else ForkServer(["tests.handlers.basic:square"])
+    process = SlotProcess(0, launcher)
     await process.start()
-    yield process  # type: ignore[misc]
+    yield process
     await process.stop()
+    await launcher.close()
 
 
 async def test_slot_runs_a_handler_and_reuses_its_process(slot: SlotProcess) -> None:

@@ -23,6 +23,21 @@ def test_a_closed_job_has_known_demand_without_client_reports() -> None:
     assert counters.demand("j", closed_submitted=5) == 0
 
 
+def test_duplicate_runs_cannot_starve_a_job_while_its_client_reports() -> None:
+    counters = JobCounters()
+    counters.client_report("j", submitted=100, received=60, now=10.0)
+    # 100 runs finished, 40 of them second runs of tasks (a resumed client sent them again):
+    # the daemons' count says nothing is left; the client has 40 outcomes still to come.
+    counters.daemon_report("d1", [DaemonJobStats("j", done=100)])
+    assert counters.demand("j", closed_submitted=100, now=12.0) == 1  # one slot to probe with
+    counters.daemon_report("d1", [DaemonJobStats("j", done=101, busy=3, waiting=2)])
+    assert counters.demand("j", closed_submitted=100, now=13.0) == 6  # what runs and waits, + 1
+    # A client silent for longer than CLIENT_FRESH no longer counts: the daemons' view stands.
+    assert counters.demand("j", closed_submitted=100, now=30.0) == 0
+    counters.client_report("j", submitted=100, received=100, now=31.0)
+    assert counters.demand("j", closed_submitted=100, now=31.0) == 0  # every outcome is in
+
+
 def test_smaller_client_numbers_are_ignored() -> None:
     counters = JobCounters()
     assert counters.client_report("j", 10, 2, now=1.0)

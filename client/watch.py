@@ -1,0 +1,99 @@
+"""Tells when a broker has lost a job's data, so the client can send the job's tasks again.
+
+A confirm means one broker has a task, not that it survives that broker's disk. Each job has a
+*marker* queue on every broker (:attr:`JobQueues.marker`) that only its client declares and
+only the scheduler deletes (when the job ends). A broker whose data was wiped, or that was
+replaced by an empty one, comes back without it, even though the pipes have declared the job's
+task and result queues on it again: the client then treats every task without an outcome as
+possibly lost (its task, or its result, may have been there) and sends it again. Duplicates are
+dropped by task id.
+
+The watch checks each broker every :data:`CHECK_INTERVAL` seconds over the client's shared link
+(a passive declare on a fresh channel); a broker it cannot reach is checked again later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Final, final
+
+from truba.pipes.rabbit import QueueSpec, RabbitBroker
+
+log = logging.getLogger(__name__)
+
+CHECK_INTERVAL: Final = 2.0
+"""Seconds between checks of one broker's marker."""
+
+
+@final
+class LossWatch:
+    """Declares a job's marker on its brokers and calls ``on_lost(broker)`` when one is gone.
+
+    ``known`` says whether the markers were declared before (a resumed job): a marker missing at
+    the first check is then a loss too. For a new job, a missing marker is just not made yet.
+    """
+
+    def __init__(
+        self,
+        links: Sequence[RabbitBroker],
+        marker: str,
+        on_lost: Callable[[RabbitBroker], Awaitable[None]],
+        *,
+        job_id: str,
+        known: bool,
+        interval: float = CHECK_INTERVAL,
+    ) -> None:
+        self._links = list(links)
+        self._spec = QueueSpec(marker, kind="classic")
+        self._on_lost = on_lost
+        self._job_id = job_id
+        self._marked = {link.url: known for link in self._links}
+        self._interval = interval
+        self._task: asyncio.Task[None] | None = None
+        self.losses = 0
+        """Broker losses seen."""
+
+    async def start(self) -> None:
+        """Checks every broker once (bounded), then keeps checking in the background."""
+        await asyncio.gather(*(self._check(link) for link in self._links))
+        self._task = asyncio.create_task(self._run(), name=f"loss-watch-{self._job_id}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._interval)
+            await asyncio.gather(*(self._check(link) for link in self._links))
+
+    async def _check(self, link: RabbitBroker) -> None:
+        try:
+            async with asyncio.timeout(self._interval * 5):
+                connection = await link.connection()
+                if await connection.message_count(self._spec.name) is not None:
+                    self._marked[link.url] = True
+                    return
+                await connection.declare(self._spec)
+        except Exception as exc:  # unreachable or refusing: checked again next round
+            log.debug("client.broker.unchecked", extra={"job_id": self._job_id, "error": repr(exc)})
+            return
+        lost, self._marked[link.url] = self._marked[link.url], True
+        if not lost:
+            log.info("client.broker.marked", extra={"job_id": self._job_id, "broker": link.name})
+            return
+        self.losses += 1
+        log.error(
+            "client.broker.lost",
+            extra={"job_id": self._job_id, "broker": link.name, "marker": self._spec.name},
+        )
+        try:
+            await self._on_lost(link)
+        except Exception:
+            log.exception("client.broker.lost_unhandled", extra={"job_id": self._job_id, "broker": link.name})

@@ -1,0 +1,106 @@
+"""The client's journal: tasks stay on disk until their outcome, across crashes and runs."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from truba.client.journal import Journal, MemoryJournal
+from truba.pipes.spool_log import SpoolLocked
+
+
+def crash(journal: Journal) -> None:
+    """What kill -9 leaves: the files as written, no close (the lock goes with the process)."""
+    journal._tasks._closed = True
+    journal._confirms._closed = True
+    journal._tasks.flush_forgets()
+    journal._confirms.flush_forgets()
+    for log in (journal._tasks, journal._confirms):
+        for segment in log._segments:
+            for fd in (segment.fd, segment.ack_fd):
+                if fd is not None:
+                    os.close(fd)
+        if log._lock_fd is not None:
+            os.close(log._lock_fd)
+
+
+async def test_a_task_stays_until_settled_and_confirmed_ones_are_not_sent_again(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="always")
+    for i in range(5):
+        await journal.record(f"t{i}", f"payload {i}".encode())
+    journal.confirmed("t0")
+    journal.confirmed("t1")
+    journal.confirmed("t2")
+    assert journal.settle("t0") and not journal.settle("t0")  # a duplicate outcome is told apart
+    journal.flush()
+    crash(journal)
+
+    again = Journal.open(tmp_path / "j")
+    assert again.outstanding() == ["t1", "t2", "t3", "t4"]
+    assert again.unconfirmed() == ["t3", "t4"]  # sent again at resume; t1, t2 are awaited
+    assert again.load(["t4", "t1", "t0"]) == {"t4": b"payload 4", "t1": b"payload 1"}
+    assert again.recorded == 5 and len(again) == 4
+    await again.close()
+
+
+async def test_recorded_counts_every_run_even_when_every_task_was_settled(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    for i in range(3):
+        await journal.record(f"a{i}", b"x")
+        journal.settle(f"a{i}")
+    await journal.close()  # nothing outstanding: every segment is deleted
+    journal = Journal.open(tmp_path / "j")
+    assert journal.recorded == 3 and len(journal) == 0
+    await journal.record("b0", b"y")
+    journal.settle("b0")
+    journal.flush()
+    crash(journal)
+    journal = Journal.open(tmp_path / "j")
+    assert journal.recorded == 4
+    await journal.close()
+
+
+async def test_a_withdrawn_task_is_neither_counted_nor_sent_again(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    await journal.record("t0", b"kept")
+    await journal.record("t1", b"withdrawn")
+    journal.withdraw("t1")
+    assert journal.recorded == 1 and journal.outstanding() == ["t0"]
+    crash(journal)
+    journal = Journal.open(tmp_path / "j")
+    assert journal.recorded == 1 and journal.outstanding() == ["t0"]
+    await journal.close()
+
+
+async def test_unmarked_tasks_are_sent_again_after_a_crash(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    await journal.record("t0", b"x")
+    journal.confirmed("t0")
+    journal.unmark(["t0"])  # its broker was lost: it is on its way again
+    crash(journal)
+    journal = Journal.open(tmp_path / "j")
+    assert journal.unconfirmed() == ["t0"]
+    await journal.close()
+
+
+async def test_one_owner_per_journal(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j")
+    with pytest.raises(SpoolLocked):
+        Journal.open(tmp_path / "j")
+    with pytest.raises(ValueError, match="already"):
+        await journal.record("t", b"x") or await journal.record("t", b"x")
+    await journal.close()
+    await journal.close()  # idempotent
+    Journal.open(tmp_path / "j").close_now()
+
+
+async def test_memory_journal_has_the_same_verbs() -> None:
+    journal = MemoryJournal()
+    await journal.record("t0", b"a")
+    await journal.record("t1", b"b")
+    journal.confirmed("t0")
+    assert journal.unconfirmed() == ["t1"] and journal.load(["t0"]) == {"t0": b"a"}
+    journal.withdraw("t1")
+    assert journal.recorded == 1 and journal.settle("t0") and len(journal) == 0

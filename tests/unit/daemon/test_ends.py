@@ -1,0 +1,55 @@
+"""How task ends are settled: acks after confirms, and held back while consuming stops."""
+
+from __future__ import annotations
+
+import asyncio
+
+from truba.daemon.ends import JobPipes, TaskEnds
+from truba.daemon.runner import JobRunner
+from truba.daemon.stats import JobStats
+from truba.pipes.testing import FakeListener, FakeSender
+from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
+
+
+def pipes(tasks: FakeListener[TaskMessage]) -> JobPipes:
+    results: FakeSender[ResultMessage] = FakeSender(auto_confirm=True)
+    requeue: FakeSender[TaskMessage] = FakeSender(auto_confirm=True)
+    dead: FakeSender[GaveUpRecord] = FakeSender(auto_confirm=True)
+    return JobPipes(tasks, results, requeue, dead)
+
+
+async def test_acks_wait_while_held_and_go_out_when_the_hold_ends() -> None:
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    ends = TaskEnds(pipes(tasks), "d1", JobStats())
+    tasks.push(TaskMessage("t1", 1))
+    delivery = await tasks.get(0.0)
+    assert delivery is not None
+    async with ends.hold():
+        async with ends.hold():  # nested: released by the outer one only
+            await ends.complete(delivery, ResultMessage("t1", True, 1, None, "d1", 0.0, 1))
+        await asyncio.sleep(0.05)
+        assert tasks.acked == [] and ends.in_flight == 1  # confirmed, but not acked yet
+    assert await ends.wait(0, 1.0)
+    assert tasks.acked == [TaskMessage("t1", 1)]
+
+
+class RecordingListener(FakeListener[TaskMessage]):
+    """Records whether acks were held when the runner cancelled the consumer."""
+
+    held_at_cancel: bool | None = None
+    ends: TaskEnds | None = None
+
+    async def cancel(self) -> None:
+        assert self.ends is not None
+        self.held_at_cancel = not self.ends._open.is_set()
+
+
+async def test_the_runner_holds_acks_back_while_it_cancels_its_consumer() -> None:
+    # A quorum queue returns deliveries already on their way to a cancelled consumer, counting
+    # an attempt: acks (which give the consumer credit for more) must not go out around basic.cancel.
+    tasks = RecordingListener()
+    runner = JobRunner("j1", "tests.handlers.basic:echo", "d1", pipes(tasks), print, cancel_quiet=0.01)
+    tasks.ends = runner.ends
+    await runner.close()
+    assert tasks.held_at_cancel is True
+    assert runner.ends._open.is_set()
