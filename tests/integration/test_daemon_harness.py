@@ -28,6 +28,7 @@ import grpc.aio
 import msgpack
 import pika
 
+from tests import waiting
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
 from truba.pipes.stacks import listen_stack, send_stack
@@ -38,12 +39,7 @@ ALLOW = "tests.handlers.*"
 
 
 async def eventually(condition: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"not reached within {timeout} s: {what}")
+    await waiting.eventually(condition, timeout, what or "condition", every=0.02)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.waiting import eventually
 from truba.daemon.batching import collect
 from truba.daemon.ends import JobPipes
 from truba.daemon.runner import JobRunner
@@ -19,15 +20,6 @@ from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
 
 H = "tests.handlers.batching"
-
-
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 # -- the collector ------------------------------------------------------------------------------

@@ -9,21 +9,13 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.waiting import eventually
 from truba.daemon.daemon import Daemon, DaemonConfig, Wanted
 from truba.daemon.ends import JobPipes
 from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.proto.v1 import common_pb2, daemons_pb2
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
-
-
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 @dataclass

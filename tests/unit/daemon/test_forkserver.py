@@ -8,27 +8,18 @@ import os
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import eventually
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.launch import Spawn
 from truba.daemon.slots import SlotDied, SlotProcess
 
 PRELOADED = "tests.unit.daemon.preloaded:imported_elsewhere"
 SLEEP = "tests.unit.daemon.preloaded:sleep"
-
-
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 def gone(pid: int) -> bool:

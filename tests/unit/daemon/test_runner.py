@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from tests.waiting import eventually
 from truba.daemon.ends import JobPipes
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
@@ -17,15 +18,6 @@ from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 
 MIB = 1024 * 1024
-
-
-async def eventually(condition: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached")
 
 
 @dataclass
