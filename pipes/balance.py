@@ -3,8 +3,11 @@
 Each message goes to a sender that is up and not overloaded, where load is the number of that
 sender's messages awaiting a confirm, capped per sender by ``max_load``: of two picked at random,
 the one where a new message would wait less (tower's p2c over Finagle's peak-EWMA cost). A slow
-broker gets fewer messages, never more than its cap, and does not slow the others; when every
-sender is at its cap, ``send`` waits for the first confirm (backpressure).
+broker gets fewer messages, never more than its cap, and does not slow the others: when the best
+sender is full, a message goes to a slower one only if it would be confirmed there about as soon
+as on the full one (else it waits for room there), so a slow broker's backlog stays as short, in
+time, as a fast one's and leaves no long tail of unconfirmed messages behind. When every sender
+is at its cap, ``send`` waits for the first confirm (backpressure).
 
 When a sender breaks (its ``send`` raises, or a confirmation fails, with a retryable error) it is
 taken out of rotation for a cooldown that grows with repeated failures, and its unconfirmed
@@ -19,7 +22,6 @@ waiting for its reconnect.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import itertools
 import logging
@@ -40,9 +42,10 @@ _TIE = 0.001  # seconds of expected wait that do not make one sender better than
 _RECHECK = 0.05  # seconds to wait for a full fast sender before reconsidering slower ones
 _SLOW_START = 32  # unconfirmed messages a sender may hold before its first confirm
 _EWMA = 0.1  # weight of a new sample below the current estimate
+_SLACK = 1.25  # a full sender's message goes elsewhere if it waits there at most this much longer
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry(Generic[T]):
     message: T
     outer: Confirmation
@@ -91,6 +94,7 @@ class BalanceSender(Generic[T]):
         self._errors: list[PipeError | None] = [None] * len(senders)
         self._seq = itertools.count()
         self._room = asyncio.Event()
+        self._recheck: asyncio.TimerHandle | None = None
         self._moves: set[asyncio.Task[None]] = set()
         self._closed = False
         self.moved = 0
@@ -98,6 +102,10 @@ class BalanceSender(Generic[T]):
             on_break = getattr(sender, "on_break", None)
             if on_break is not None:  # learn of a break at once, not at the next send
                 on_break(functools.partial(self._broke, index))
+
+    def _wake(self) -> None:
+        self._recheck = None
+        self._room.set()
 
     def _broke(self, index: int, exc: PipeError) -> None:
         if not self._closed:
@@ -107,24 +115,19 @@ class BalanceSender(Generic[T]):
         """Messages awaiting a confirm, per sender."""
         return list(self._load)
 
-    def _usable(self) -> list[int]:
+    def _usable(self, now: float) -> list[int]:
         """Senders that are up (not cooling down after a break, and ready)."""
-        now = self._now()
-        return [
-            i
-            for i, sender in enumerate(self.inners)
-            if self._down_until[i] <= now and getattr(sender, "ready", True)
-        ]
+        down = self._down_until
+        return [i for i, inner in enumerate(self.inners) if down[i] <= now and getattr(inner, "ready", True)]
 
     async def send(self, message: T) -> Confirmation:
         if self._closed:
             raise PipeClosed("balanced sender is closed")
         entry = _Entry(message, asyncio.get_running_loop().create_future(), -1)
-        entry.outer.add_done_callback(_retrieve)
         await self._place(entry, exclude=-1)
         return entry.outer
 
-    def _pick(self, choices: list[int]) -> int:
+    def _pick(self, choices: list[int], now: float) -> int:
         """Power of two choices: the cheaper of two random candidates (ties: the first drawn).
 
         Cost is the time a new message would wait there: (unconfirmed + 1) × the sender's service
@@ -133,15 +136,26 @@ class BalanceSender(Generic[T]):
         a backlog as short, in time, as a fast one's, so it neither slows the others nor leaves
         a long tail of unconfirmed messages behind. A full sender (at ``max_load``) is skipped.
         """
-        if len(choices) == 1:
+        n = len(choices)
+        if n == 1:
             return choices[0]
-        first, second = self._rng.sample(choices, 2)
+        if n == 2:  # the common case: one draw orders the pair
+            first, second = (choices[0], choices[1]) if self._rng.random() < 0.5 else (choices[1], choices[0])
+        else:
+            a = self._rng.randrange(n)
+            b = self._rng.randrange(n - 1)
+            first, second = choices[a], choices[b + 1 if b >= a else b]
         # Waits within a millisecond of each other are a tie: random spreads light traffic evenly.
-        return second if self._cost(second) < self._cost(first) - _TIE else first
+        return second if self._cost(second, now) < self._cost(first, now) - _TIE else first
 
-    def _cheapest_with_room(self, choices: list[int]) -> int | None:
+    def _cheapest_with_room(self, choices: list[int], now: float) -> int | None:
+        if len(choices) == 2:  # the common case; the full one has no room
+            a, b = choices
+            if self._load[a] < self._cap(a):
+                return a if self._load[b] >= self._cap(b) or self._cost(a, now) <= self._cost(b, now) else b
+            return b if self._load[b] < self._cap(b) else None
         with_room = [i for i in choices if self._load[i] < self._cap(i)]
-        return min(with_room, key=self._cost) if with_room else None
+        return min(with_room, key=lambda i: self._cost(i, now)) if with_room else None
 
     def _cap(self, index: int) -> int:
         """``max_load``, reached by slow start: 2 more allowed per confirm, from _SLOW_START.
@@ -151,15 +165,15 @@ class BalanceSender(Generic[T]):
         """
         return min(self._max_load, _SLOW_START + 2 * self._confirmed[index])
 
-    def _cost(self, index: int) -> float:
+    def _cost(self, index: int, now: float) -> float:
         queued = self._service[index] * (self._load[index] + 1)
         pending = self._pending[index]
         if not pending:
             return queued
         # A broker that has not confirmed its oldest message for a while is at least that slow,
         # even before any confirm has taught us its service time.
-        oldest = pending[next(iter(pending))]
-        return max(queued, self._now() - oldest)
+        oldest = now - pending[next(iter(pending))]
+        return oldest if oldest > queued else queued
 
     def _observe(self, index: int, seconds: float) -> None:
         """Peak EWMA: jumps up to a slow sample at once, decays towards fast ones."""
@@ -177,21 +191,30 @@ class BalanceSender(Generic[T]):
         while True:
             if self._closed:
                 raise PipeClosed("balanced sender is closed")
-            usable = self._usable()
-            choices = [i for i in usable if i not in tried and i != exclude]
+            now = self._now()
+            usable = self._usable(now)
+            choices = usable
+            if tried or exclude >= 0:
+                choices = [i for i in usable if i not in tried and i != exclude]
             if not choices and exclude in usable and exclude not in tried:
                 choices = [exclude]  # the broker it came from is the only one up again
             if choices:
-                index = self._pick(choices)
+                index = self._pick(choices, now)
                 if self._load[index] >= self._cap(index):
-                    alternative = self._cheapest_with_room(choices)
-                    if alternative is None or self._cost(alternative) > 2 * self._cost(index) + _TIE:
-                        # The best place is full and the others are much slower: wait for a
-                        # confirm (briefly, costs change) rather than overfill a slow broker.
+                    alternative = self._cheapest_with_room(choices, now)
+                    if (
+                        alternative is None
+                        or self._cost(alternative, now) > _SLACK * self._cost(index, now) + _TIE
+                    ):
+                        # The best place is full and the others are slower: wait for a confirm
+                        # (briefly, costs change) rather than build a backlog on a slow broker
+                        # that would be confirmed later than this one's (a tail at the end).
                         self._room.clear()
-                        with contextlib.suppress(TimeoutError):
-                            async with asyncio.timeout(None if alternative is None else _RECHECK):
-                                await self._room.wait()
+                        if alternative is not None and self._recheck is None:
+                            # One shared timer wakes every waiter to reconsider (a stalled full
+                            # sender confirms nothing, but its oldest message keeps ageing).
+                            self._recheck = asyncio.get_running_loop().call_later(_RECHECK, self._wake)
+                        await self._room.wait()
                         continue
                     index = alternative
                 try:
@@ -241,7 +264,7 @@ class BalanceSender(Generic[T]):
         elif isinstance(exc, PipeError) and exc.retryable and not self._closed:
             self._mark_down(index, exc)
         else:
-            entry.outer.set_exception(exc)  # rejected: still ours, listed as unconfirmed
+            _fail(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
 
     def _mark_down(self, index: int, exc: PipeError) -> None:
         """Takes sender ``index`` out of rotation and moves its unconfirmed messages elsewhere."""
@@ -288,7 +311,7 @@ class BalanceSender(Generic[T]):
                     return
                 except PipeError as exc:
                     if not exc.retryable:
-                        entry.outer.set_exception(exc)
+                        _fail(entry.outer, exc)
                         break
                     attempt += 1
                     await asyncio.sleep(min(self._max_cooldown, self._cooldown * attempt))
@@ -306,6 +329,8 @@ class BalanceSender(Generic[T]):
             return
         self._closed = True
         self._room.set()
+        if self._recheck is not None:
+            self._recheck.cancel()
         for task in list(self._moves):
             task.cancel()
         await close_all(*self._moves, *(sender.close() for sender in self.inners))
@@ -316,6 +341,8 @@ def balance(senders: Sequence[Sender[T]], max_load: int = 1000) -> BalanceSender
     return BalanceSender(senders, max_load)
 
 
-def _retrieve(future: Confirmation) -> None:
-    if not future.cancelled():
+def _fail(future: Confirmation, exc: BaseException) -> None:
+    """Fails ``future``, marked retrieved: callers that never await it get no "never retrieved" log."""
+    if not future.done():
+        future.set_exception(exc)
         future.exception()

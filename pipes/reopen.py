@@ -58,7 +58,7 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
-@dataclass
+@dataclass(slots=True)
 class _Entry(Generic[T]):
     message: T
     outer: Confirmation
@@ -136,7 +136,9 @@ class ReopenSender(Generic[T]):
         return await self._inner_for_send()
 
     async def send(self, message: T) -> Confirmation:
-        inner = await self._inner_for_send()
+        inner = self.inner
+        if self.state is not State.CONNECTED or inner is None:
+            inner = await self._inner_for_send()
         try:
             inner_confirmation = await inner.send(message)
         except PipeError as exc:
@@ -144,7 +146,6 @@ class ReopenSender(Generic[T]):
                 self._broke(inner, exc)
             raise
         entry = _Entry(message, asyncio.get_running_loop().create_future(), inner_confirmation)
-        entry.outer.add_done_callback(_retrieve)
         seq = next(self._seq)
         self._entries[seq] = entry
         inner_confirmation.add_done_callback(functools.partial(self._settled, seq, entry, inner))
@@ -163,7 +164,7 @@ class ReopenSender(Generic[T]):
             assert isinstance(exc, PipeError)
             self._broke(inner, exc)  # the entry waits for the new channel
         else:
-            entry.outer.set_exception(exc)  # rejected: still ours, listed as unconfirmed
+            _fail(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
 
     def _broke(self, inner: Sender[T], exc: PipeError) -> None:
         if inner is not self.inner or self.state in (State.BROKEN, State.CLOSED):
@@ -208,7 +209,7 @@ class ReopenSender(Generic[T]):
                     if _is_break(exc):
                         self._broke(fresh, exc)
                         return
-                    entry.outer.set_exception(exc)
+                    _fail(entry.outer, exc)
                     continue
                 entry.inner.add_done_callback(functools.partial(self._settled, seq, entry, fresh))
             return
@@ -219,7 +220,7 @@ class ReopenSender(Generic[T]):
     def drop_unconfirmed(self) -> None:
         for entry in self._entries.values():
             if not entry.outer.done():
-                entry.outer.set_exception(PipeBroken(f"{self.label}: dropped, re-sent elsewhere"))
+                _fail(entry.outer, PipeBroken(f"{self.label}: dropped, re-sent elsewhere"))
         self._entries.clear()
         if self.inner is not None:
             self.inner.drop_unconfirmed()
@@ -237,7 +238,7 @@ class ReopenSender(Generic[T]):
         await close_all(*closers)
         for entry in self._entries.values():
             if not entry.outer.done() and entry.inner is not None and entry.inner.done():
-                entry.outer.set_exception(PipeClosed(f"{self.label}: closed before the confirm"))
+                _fail(entry.outer, PipeClosed(f"{self.label}: closed before the confirm"))
 
 
 def reopen(
@@ -247,6 +248,8 @@ def reopen(
     return ReopenSender(connect, label=label, connect_timeout=connect_timeout)
 
 
-def _retrieve(future: Confirmation) -> None:
-    if not future.cancelled():
+def _fail(future: Confirmation, exc: BaseException) -> None:
+    """Fails ``future``, marked retrieved: callers that never await it get no "never retrieved" log."""
+    if not future.done():
+        future.set_exception(exc)
         future.exception()

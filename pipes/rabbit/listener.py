@@ -8,7 +8,9 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, final
 
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage, AbstractQueue
+from aio_pika.abc import AbstractChannel, AbstractQueue
+from aio_pika.exceptions import MessageProcessError
+from aiormq.abc import DeliveredMessage
 
 from truba.pipes.base import Delivery
 from truba.pipes.errors import ChannelLost, PipeBroken, PipeClosed, PipeError
@@ -23,11 +25,20 @@ CANCEL_SETTLE = 0.02
 
 @final
 class RabbitDelivery:
-    """One delivery of a :class:`RabbitListener`, settled on the channel that delivered it."""
+    """One delivery of a :class:`RabbitListener`, settled on the channel that delivered it.
 
-    def __init__(self, message: AbstractIncomingMessage, listener: RabbitListener) -> None:
+    Wraps aiormq's delivered message as it is (aio-pika's IncomingMessage would copy every
+    property into a new object per delivery). Settling twice raises what aio-pika raised
+    (its MessageProcessError, mapped like every AMQP error) instead of sending a second
+    settle, which the broker would answer by closing the channel.
+    """
+
+    __slots__ = ("_message", "_listener", "_settled")
+
+    def __init__(self, message: DeliveredMessage, listener: RabbitListener) -> None:
         self._message = message
         self._listener = listener
+        self._settled = False
 
     @property
     def message(self) -> bytes:
@@ -39,15 +50,24 @@ class RabbitDelivery:
 
     @property
     def headers(self) -> Mapping[str, object]:
-        return self._message.headers or {}
+        return self._message.header.properties.headers or {}
+
+    def _tag(self) -> int:
+        if self._settled:
+            raise MessageProcessError("Message already processed", self._listener.queue)
+        tag = self._message.delivery_tag
+        assert tag is not None  # a consumer's delivery always has one
+        return tag
 
     async def ack(self) -> None:
-        with map_amqp_errors(f"ack on {self._listener.queue}"):
-            await self._message.ack()
+        with map_amqp_errors(self._listener.ack_what):
+            await self._message.channel.basic_ack(self._tag())
+        self._settled = True
 
     async def reject(self, requeue: bool) -> None:
-        with map_amqp_errors(f"reject on {self._listener.queue}"):
-            await self._message.reject(requeue=requeue)
+        with map_amqp_errors(self._listener.reject_what):
+            await self._message.channel.basic_reject(self._tag(), requeue=requeue)
+        self._settled = True
 
 
 _CLOSED: Final = object()
@@ -69,13 +89,12 @@ class RabbitListener:
         self._cancelling: asyncio.Future[None] | None = None
         self._broken: PipeBroken | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self.queue = queue.name
+        self.ack_what = f"ack on {queue.name}"
+        self.reject_what = f"reject on {queue.name}"
         channel.close_callbacks.add(self._on_channel_closed)
 
     name = "rabbit"
-
-    @property
-    def queue(self) -> str:
-        return self._queue.name
 
     async def set_prefetch(self, count: int) -> None:
         """Changes how many unsettled deliveries the broker may push to this consumer."""
@@ -84,9 +103,12 @@ class RabbitListener:
 
     async def start(self) -> None:
         with map_amqp_errors(f"consume {self.queue}"):
-            self._consumer_tag = await self._queue.consume(self._on_message, no_ack=False)
+            # On the aiormq channel: deliveries come as they are, without a copy per message.
+            channel = await self._channel.get_underlay_channel()
+            consume_ok = await channel.basic_consume(self.queue, self._on_message, no_ack=False)
+            self._consumer_tag = consume_ok.consumer_tag
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_message(self, message: DeliveredMessage) -> None:
         delivery = RabbitDelivery(message, self)
         if self._callback is None:
             self._buffer.put_nowait(delivery)

@@ -9,15 +9,16 @@ from typing import Final, final
 
 import aio_pika
 from aio_pika.abc import AbstractChannel
+from aiormq import spec
 
 from truba.pipes.base import Confirmation
-from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, PipeError
+from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, PipeError, SendTimeout
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.util import close_quietly, redact
 
 log = logging.getLogger(__name__)
 
-PERSISTENT: Final = aio_pika.DeliveryMode.PERSISTENT
+PERSISTENT: Final = int(aio_pika.DeliveryMode.PERSISTENT)
 
 
 @final
@@ -31,6 +32,11 @@ class RabbitSender:
     after a return, ``redeclare`` (if given) is run once in the background, so a queue that
     vanished with a broker's data is back when the message is sent again. Every message carries
     ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender).
+
+    Hot path: a message is published on the channel's aiormq layer with prebuilt properties
+    (no aio-pika ``Message`` per message), and the confirm timeout is one timer for the oldest
+    unconfirmed message rather than one per publish; a failed confirmation is marked retrieved
+    where it fails, so no done-callback is attached to every confirmation.
     """
 
     def __init__(
@@ -51,8 +57,12 @@ class RabbitSender:
         self._url = url
         self._confirm_timeout = confirm_timeout
         self._window = asyncio.Semaphore(max_unconfirmed)
-        self._pending: dict[int, tuple[bytes, Confirmation]] = {}
+        # seq -> (body, confirmation, deadline of its confirm); oldest first
+        self._pending: dict[int, tuple[bytes, Confirmation, float]] = {}
         self._seq = 0
+        self._loop = asyncio.get_running_loop()
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._what = f"publish to {queue} on {redact(url)}"
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._broken: PipeError | None = None
@@ -64,8 +74,9 @@ class RabbitSender:
         if not self._closed and self._broken is None:
             self._broken = ChannelLost(f"channel to {redact(self._url)} closed: {exc!r}")
             log.warning("pipe.rabbit.sender.broken", extra={"broker": redact(self._url), "error": repr(exc)})
+        self._disarm()
         # Fail every pending confirm now: the messages stay listed as unconfirmed.
-        for _, confirmation in self._pending.values():
+        for _, confirmation, _ in self._pending.values():
             _fail(confirmation, self._broken or PipeClosed("sender closed before the confirm arrived"))
 
     def _check_usable(self) -> None:
@@ -84,10 +95,12 @@ class RabbitSender:
             raise
         self._seq += 1
         seq = self._seq
-        confirmation: Confirmation = asyncio.get_running_loop().create_future()
-        confirmation.add_done_callback(_mark_retrieved)
-        self._pending[seq] = (message, confirmation)
-        task = asyncio.create_task(self._publish(seq, message, confirmation))
+        confirmation: Confirmation = self._loop.create_future()
+        deadline = self._loop.time() + self._confirm_timeout
+        self._pending[seq] = (message, confirmation, deadline)
+        if self._deadline_timer is None:
+            self._deadline_timer = self._loop.call_at(deadline, self._check_deadline)
+        task = self._loop.create_task(self._publish(seq, message, confirmation))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         # Accepted: the publish task owns the message now. Tasks start in creation order, so
@@ -95,11 +108,13 @@ class RabbitSender:
         return confirmation
 
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
-        amqp_message = aio_pika.Message(body, delivery_mode=PERSISTENT, priority=self._priority)
+        properties = spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority)
         try:
-            with map_amqp_errors(f"publish to {self._queue} on {redact(self._url)}"):
-                await self._channel.default_exchange.publish(
-                    amqp_message, self._queue, mandatory=True, timeout=self._confirm_timeout
+            with map_amqp_errors(self._what):
+                channel = await self._channel.get_underlay_channel()  # raises if closed
+                # The confirm wait is bounded by _check_deadline (one timer for all messages).
+                await channel.basic_publish(
+                    body, routing_key=self._queue, properties=properties, mandatory=True
                 )
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})
@@ -127,11 +142,48 @@ class RabbitSender:
                 self._broken = ChannelLost(f"channel to {redact(self._url)} lost before the confirm arrived")
             _fail(confirmation, self._broken)
         else:
-            self._pending.pop(seq, None)
+            # A confirm that comes after its confirmation failed (timed out) keeps the message
+            # listed: the caller was told it is unconfirmed, and an outer layer re-sends it.
             if not confirmation.done():
+                self._pending.pop(seq, None)
                 confirmation.set_result(None)
         finally:
             self._window.release()
+
+    def _check_deadline(self) -> None:
+        """Breaks the sender when its oldest waiting message is past its confirm deadline."""
+        self._deadline_timer = None
+        if self._closed or self._broken is not None:
+            return
+        now = self._loop.time()
+        for _, confirmation, deadline in self._pending.values():
+            if confirmation.done():
+                continue  # rejected: listed as unconfirmed, not waiting for a confirm
+            if deadline > now:
+                self._deadline_timer = self._loop.call_at(deadline, self._check_deadline)
+                return
+            self._time_out()
+            return
+
+    def _time_out(self) -> None:
+        exc = SendTimeout(f"{self._what}: no confirm within {self._confirm_timeout} s")
+        self._broken = exc
+        log.warning(
+            "pipe.rabbit.sender.broken",
+            extra={"broker": redact(self._url), "queue": self._queue, "error": repr(exc)},
+        )
+        for _, confirmation, _ in self._pending.values():
+            _fail(confirmation, exc)
+        for task in list(self._tasks):  # publishes still waiting (e.g. a blocked connection)
+            task.cancel()
+        closing = asyncio.create_task(close_quietly(self._channel))
+        self._tasks.add(closing)
+        closing.add_done_callback(self._tasks.discard)
+
+    def _disarm(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
 
     def _start_redeclare(self) -> None:
         if self._redeclare is None or self._closed:
@@ -150,7 +202,7 @@ class RabbitSender:
             log.warning("pipe.rabbit.redeclared", extra={"queue": self._queue, "broker": redact(self._url)})
 
     def unconfirmed(self) -> Sequence[bytes]:
-        return [body for body, _ in self._pending.values()]
+        return [body for body, _, _ in self._pending.values()]
 
     def drop_unconfirmed(self) -> None:
         self._pending.clear()
@@ -163,6 +215,7 @@ class RabbitSender:
         if self._closed:
             return
         self._closed = True
+        self._disarm()
         try:
             if self._tasks and self._broken is None:
                 # Bounded wait for outstanding confirms; whatever is left stays unconfirmed.
@@ -173,12 +226,8 @@ class RabbitSender:
             await close_quietly(self._channel)
 
 
-def _mark_retrieved(future: Confirmation) -> None:
-    # Callers that never await a confirmation must not get "exception was never retrieved".
-    if not future.cancelled():
-        future.exception()
-
-
 def _fail(confirmation: Confirmation, exc: BaseException) -> None:
     if not confirmation.done():
         confirmation.set_exception(exc)
+        # Callers that never await a confirmation must not get "exception was never retrieved".
+        confirmation.exception()

@@ -109,3 +109,38 @@ async def test_a_down_sender_gets_traffic_again_after_its_cooldown() -> None:
     for i in range(30):
         await balanced.send(i)
     assert len(a.sent) > before
+
+
+def _full_fast_and_slow(
+    slow_cost_ratio: float,
+) -> tuple[FakeSender[int], FakeSender[int], BalanceSender[int]]:
+    """A fast sender at its cap (4 unconfirmed, 10 ms each) and an idle slow one whose next
+    message would be confirmed ``slow_cost_ratio`` times later than a message queued on the fast."""
+    clock = [0.0]
+    fast, slow = FakeSender[int](), FakeSender[int]()
+    balanced = BalanceSender([fast, slow], max_load=4, rng=random.Random(5), monotonic=lambda: clock[0])
+    fast_wait = 0.010 * (4 + 1)
+    balanced._service[:] = [0.010, fast_wait * slow_cost_ratio]  # as if learnt from earlier confirms
+    balanced._confirmed[:] = [100, 100]  # past slow start
+    return fast, slow, balanced
+
+
+async def test_a_full_fast_sender_keeps_its_messages_rather_than_start_a_long_tail_on_a_slow_one() -> None:
+    fast, slow, balanced = _full_fast_and_slow(slow_cost_ratio=1.6)
+    for i in range(4):
+        await balanced.send(i)
+    assert (len(fast.sent), len(slow.sent)) == (4, 0)
+    # The fast one is full; the slow one would confirm 1.6 times later: wait for the fast one.
+    waiting = asyncio.create_task(balanced.send(4))
+    await asyncio.sleep(0.01)
+    assert not waiting.done() and slow.sent == []
+    fast.confirm(1)
+    await asyncio.wait_for(waiting, 1.0)
+    assert fast.sent == [0, 1, 2, 3, 4] and slow.sent == []
+
+
+async def test_a_full_sender_overflows_to_a_comparable_one_without_waiting() -> None:
+    fast, slow, balanced = _full_fast_and_slow(slow_cost_ratio=1.1)
+    for i in range(5):
+        await asyncio.wait_for(balanced.send(i), 1.0)  # never waits: the other has room
+    assert (len(fast.sent), len(slow.sent)) == (4, 1)
