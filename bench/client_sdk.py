@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import statistics
@@ -35,6 +34,7 @@ import time
 from pathlib import Path
 
 import aio_pika
+from report import write_json
 
 from truba.client import Client
 from truba.local.cluster import LocalCluster
@@ -261,9 +261,7 @@ def main() -> int:
             cluster.stop()
             node.stop()
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import statistics
@@ -41,16 +40,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from report import percentile, write_json
+
 ROOT = Path(__file__).resolve().parent.parent
 STAMP = "tests.handlers.faults:stamp"
 LONG = 60.0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
 
 
 async def measure(
@@ -193,9 +187,7 @@ def main() -> int:
         for node in nodes:
             node.stop()
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"\nwritten {args.json}")
+    write_json(args.json, result)
     return 0
 
 

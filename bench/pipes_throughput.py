@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import aio_pika
+from report import write_json
 
 from truba.local.node import LocalRabbitNode, start_nodes
 from truba.pipes.prefetch import Window
@@ -254,9 +254,7 @@ def main() -> int:
         for node in nodes:
             node.stop()
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"\nwritten {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 from pathlib import Path
+
+from report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = "bench.slot_memory:size"
@@ -108,9 +109,7 @@ def main() -> int:
             f"{row['pss_per_slot_mib']:>10.1f}{row['uss_per_slot_mib']:>10.1f}{template:>10}"
         )
     print("(MiB; PSS total counts the template for fork)")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"\nwritten {args.json}")
+    write_json(args.json, result)
     return 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import sys
@@ -37,6 +36,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from report import percentile, write_json
 
 if TYPE_CHECKING:
     from truba.daemon.launch import Launcher
@@ -202,12 +203,6 @@ async def run(args: argparse.Namespace, urls: list[str], log_dir: Path) -> dict[
     }
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100)."""
-    ordered = sorted(values)
-    return ordered[max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5))) - 1]
-
-
 def print_table(result: dict[str, object]) -> None:
     table: dict[str, dict[str, float]] = result["results"]  # type: ignore[assignment]
     daemon = any("daemon_us_per_task" in row for row in table.values())
@@ -255,9 +250,7 @@ def main() -> int:
         for node in nodes:
             node.stop()
     print_table(result)
-    args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps(result, indent=2))
-    print(f"\nwritten {args.json}")
+    write_json(args.json, result)
     return 0
 
 
