@@ -22,7 +22,10 @@ import os
 import sys
 from pathlib import Path
 
-from report import write_json
+try:
+    from report import write_json
+except ModuleNotFoundError:  # imported as bench.slot_memory: the slots import its handler from it
+    from bench.report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
 HANDLER = "bench.slot_memory:size"

@@ -37,7 +37,10 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from report import percentile, write_json
+try:
+    from report import percentile, write_json
+except ModuleNotFoundError:  # imported as bench.slot_overhead: the slots import its handler from it
+    from bench.report import percentile, write_json
 
 if TYPE_CHECKING:
     from truba.daemon.launch import Launcher
