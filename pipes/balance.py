@@ -43,6 +43,7 @@ _RECHECK = 0.05  # seconds to wait for a full fast sender before reconsidering s
 _SLOW_START = 32  # unconfirmed messages a sender may hold before its first confirm
 _EWMA = 0.1  # weight of a new sample below the current estimate
 _SLACK = 1.25  # a full sender's message goes elsewhere if it waits there at most this much longer
+_WAKE_BATCH = 32  # free places on a full sender that wake its waiters (fewer when its cap is small)
 
 
 @dataclass(slots=True)
@@ -250,7 +251,11 @@ class BalanceSender(Generic[T]):
             return
         self._pending[index].pop(seq, None)
         self._load[index] -= 1
-        self._room.set()
+        cap = self._cap(index)
+        if self._load[index] <= cap - min(_WAKE_BATCH, cap // 8 + 1):
+            # Waiters wake once a few messages' room is free, not at every single confirm:
+            # a burst of confirms then costs one wake-up, and the sends after it find room.
+            self._room.set()
         if entry.outer.done():
             self._entries.pop(seq, None)
             return
