@@ -27,6 +27,7 @@ import itertools
 import logging
 import random
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
@@ -91,7 +92,9 @@ class BalanceSender(Generic[T]):
         self._failures = [0] * len(senders)
         self._service = [_INITIAL_SERVICE] * len(senders)
         self._confirmed = [0] * len(senders)
-        self._pending: list[dict[int, float]] = [{} for _ in senders]  # seq -> sent at, oldest first
+        # seq -> sent at, oldest first; ordered dicts find their oldest in O(1) however many
+        # were popped from the front (a plain dict scans the holes they leave until it resizes)
+        self._pending: list[OrderedDict[int, float]] = [OrderedDict() for _ in senders]
         self._errors: list[PipeError | None] = [None] * len(senders)
         self._seq = itertools.count()
         self._room = asyncio.Event()
