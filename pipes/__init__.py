@@ -23,6 +23,7 @@ from truba.pipes.errors import (
     SendTimeout,
     TrubaError,
 )
+from truba.pipes.frame import FrameListener, FrameSender
 from truba.pipes.merge import MergeListener, merge
 from truba.pipes.serialize import DeserializeListener, SerializeSender, deserialize, serialize
 
@@ -35,6 +36,8 @@ __all__ = [
     "ConnectionLost",
     "Delivery",
     "DeserializeListener",
+    "FrameListener",
+    "FrameSender",
     "Layer",
     "Listener",
     "ListenerLayer",
