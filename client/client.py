@@ -202,7 +202,15 @@ class Client:
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
         job = Job(
-            self, info, tasks, results, journal, links=links, max_payload=self._max_payload, resumed=resumed
+            self,
+            info,
+            tasks,
+            results,
+            journal,
+            links=links,
+            marker=queues.marker,
+            max_payload=self._max_payload,
+            resumed=resumed,
         )
         try:
             await job._start()

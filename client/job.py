@@ -83,6 +83,7 @@ class Job:
         journal: TaskJournal,
         *,
         links: list[RabbitBroker],
+        marker: str,
         max_payload: int,
         resumed: bool = False,
     ) -> None:
@@ -105,10 +106,7 @@ class Job:
         self._consumer: asyncio.Task[None] | None = None
         self._progress_wake = asyncio.Event()
         self._progress: asyncio.Task[None] | None = None
-        self._watch = LossWatch(links, self._queue_marker(), self._broker_lost, job_id=info.id, known=resumed)
-
-    def _queue_marker(self) -> str:
-        return self._info.queues.tasks.removesuffix(".tasks") + ".marker"
+        self._watch = LossWatch(links, marker, self._broker_lost, job_id=info.id, known=resumed)
 
     async def _start(self) -> None:
         """Sends what no broker confirmed (a resumed job), and starts watching for lost brokers."""

@@ -210,9 +210,12 @@ class JobCounters:
         outstanding = max(0, counts.submitted - counts.done - counts.failed)
         if closed_submitted is None and job is not None and counts.service_time > 0:
             outstanding = max(outstanding, math.ceil(job.rate * counts.service_time))
-        reported_at = job.reported_at if job is not None else None
-        fresh = reported_at is not None and (now is None or now - reported_at <= CLIENT_FRESH)
-        if outstanding == 0 and fresh and job is not None and counts.submitted > job.received:
+        if (
+            outstanding == 0
+            and job is not None
+            and _fresh(job.reported_at, now)
+            and counts.submitted > job.received
+        ):
             # Tasks are left, but not how many: keep what runs or waits, and probe for one more.
             waiting = sum(d.waiting for d in job.daemons.values())
             outstanding = min(counts.submitted - job.received, counts.running + waiting + 1)
@@ -231,6 +234,11 @@ class JobCounters:
         """Loads stored counters (job id -> JSON), at startup."""
         for job_id, text in stored.items():
             self._jobs[job_id] = _JobCounters.from_json(text)
+
+
+def _fresh(reported_at: float | None, now: float | None) -> bool:
+    """A client report recent enough to count (``now`` None: any report is)."""
+    return reported_at is not None and (now is None or now - reported_at <= CLIENT_FRESH)
 
 
 def stored_counts(text: str, closed_submitted: int) -> Counts:
