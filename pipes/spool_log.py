@@ -160,14 +160,15 @@ class SpoolLog:
 
     @property
     def next_seq(self) -> int:
-        """The seq the next record gets: records appended so far, counting earlier runs' as long
-        as a segment of theirs was left (a crash always leaves the active one)."""
+        """The seq the next record gets: the number of records ever appended in this directory,
+        earlier runs' included (kept by the segments a crash leaves, else by ``NEXT``)."""
         return self._next_seq
 
     def read(self, seqs: Iterable[int]) -> dict[int, bytes]:
         """The payloads of the live records ``seqs``, read back from their segments.
 
-        For owners that keep only seqs in memory. Unknown or forgotten seqs are left out.
+        For owners that keep only the seqs of their live records in memory; a seq of no known
+        segment is left out (the forget marks are not consulted).
 
         Raises:
             SpoolError: a segment could not be read.
