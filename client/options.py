@@ -36,6 +36,8 @@ class JobOptions(TypedDict, total=False):
         queue_type: see :data:`QueueType` (default ``"quorum"``).
         priorities: tasks may carry a priority 0-9 (``submit(..., priority=p)``), higher ones
             taken first; needs ``queue_type="classic"`` (RabbitMQ 3.x).
+        frames: pack small tasks and results into frames under load (default True); False sends
+            each in its own AMQP message.
     """
 
     min_slots: int
@@ -45,14 +47,15 @@ class JobOptions(TypedDict, total=False):
     max_attempts: int | None
     queue_type: QueueType
     priorities: bool
+    frames: bool
 
 
 def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
     """The settings message of ``options``; None means the scheduler's default.
 
     Raises:
-        ValueError: an unknown ``preemption`` or ``queue_type``, or a negative number (the
-            scheduler checks ranges too and names the field).
+        ValueError: an unknown ``preemption`` or ``queue_type``, a negative number (the
+            scheduler checks ranges too and names the field), or a ``frames`` that is not a bool.
     """
     min_slots = options.get("min_slots", 0)
     max_slots = options.get("max_slots")
@@ -61,6 +64,7 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
     max_attempts = options.get("max_attempts")
     queue_type = options.get("queue_type", "quorum")
     priorities = options.get("priorities", False)
+    frames = options.get("frames", True)
     if preemption not in _PREEMPTION:
         raise ValueError(f"preemption: must be one of {sorted(_PREEMPTION)}, got {preemption!r}")
     if queue_type not in _QUEUE_TYPE:
@@ -70,6 +74,8 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
             raise ValueError(f"{name}: must be >= 0, got {value}")
     if priorities and queue_type != "classic":
         raise ValueError('priorities: need queue_type="classic" (quorum queues of RabbitMQ 3.x have none)')
+    if not isinstance(frames, bool):
+        raise ValueError(f"frames: must be True or False, got {frames!r}")
     if task_timeout is not None and not task_timeout > 0:
         raise ValueError(f"task_timeout: must be > 0 seconds (or None for no limit), got {task_timeout}")
     return common_pb2.JobSettings(
@@ -80,6 +86,7 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
         max_attempts=max_attempts or 0,
         queue_type=_QUEUE_TYPE[queue_type],
         priorities=priorities,
+        no_frames=not frames,
     )
 
 

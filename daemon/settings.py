@@ -22,12 +22,15 @@ class JobSettings:
     ``task_timeout``: seconds one attempt may run before its slot is killed (None: no limit).
     ``max_attempts``: attempts without an outcome before the task is given up (>= 1).
     ``priorities``: tasks put back into the queue are published with their own priority.
+    ``frames``: small tasks and results are packed into frames under load (see truba.pipes.frame);
+    False sends each in its own AMQP message (``no_frames`` in the message).
     """
 
     immediate: bool = False
     task_timeout: float | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     priorities: bool = False
+    frames: bool = True
 
     @classmethod
     def from_proto(cls, settings: common_pb2.JobSettings) -> JobSettings:
@@ -36,6 +39,7 @@ class JobSettings:
             task_timeout=settings.task_timeout if settings.task_timeout > 0 else None,
             max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
             priorities=settings.priorities,
+            frames=not settings.no_frames,
         )
 
     def to_proto(self) -> common_pb2.JobSettings:
@@ -45,4 +49,5 @@ class JobSettings:
             task_timeout=self.task_timeout or 0.0,
             max_attempts=self.max_attempts,
             priorities=self.priorities,
+            no_frames=not self.frames,
         )

@@ -46,6 +46,7 @@ def settings_pb(settings: JobSettings) -> common_pb2.JobSettings:
         max_attempts=settings.max_attempts,
         queue_type=_QUEUE_TYPE[settings.queue_type],
         priorities=settings.priorities,
+        no_frames=not settings.frames,
     )
 
 

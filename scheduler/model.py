@@ -60,7 +60,11 @@ DEFAULT_MAX_ATTEMPTS: Final = 3
 
 @dataclass(frozen=True)
 class JobSettings:
-    """A job's settings, fixed at creation. ``max_slots`` 0 is no limit; ``task_timeout`` 0 is none."""
+    """A job's settings, fixed at creation. ``max_slots`` 0 is no limit; ``task_timeout`` 0 is none.
+
+    ``frames``: small tasks and results are packed into frames under load (``truba.v1``'s
+    ``no_frames`` inverted); False sends each in its own AMQP message.
+    """
 
     min_slots: int = 0
     max_slots: int = 0
@@ -69,6 +73,7 @@ class JobSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     queue_type: QueueType = QueueType.QUORUM
     priorities: bool = False
+    frames: bool = True
 
 
 @dataclass(frozen=True)

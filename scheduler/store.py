@@ -251,4 +251,5 @@ def settings_from_json(text: str) -> JobSettings:
         max_attempts=int(data.get("max_attempts", defaults.max_attempts)),
         queue_type=QueueType(data.get("queue_type", defaults.queue_type.value)),
         priorities=bool(data.get("priorities", defaults.priorities)),
+        frames=bool(data.get("frames", defaults.frames)),
     )

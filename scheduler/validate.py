@@ -186,4 +186,5 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
         max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
         queue_type=queue_type,
         priorities=settings.priorities,
+        frames=not settings.no_frames,
     )

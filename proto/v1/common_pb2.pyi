@@ -133,6 +133,7 @@ class JobSettings(_message.Message):
     MAX_ATTEMPTS_FIELD_NUMBER: _builtins.int
     QUEUE_TYPE_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
+    NO_FRAMES_FIELD_NUMBER: _builtins.int
     min_slots: _builtins.int
     """At least this many slots whenever the cluster has them (0: none guaranteed)."""
     max_slots: _builtins.int
@@ -145,6 +146,10 @@ class JobSettings(_message.Message):
     queue_type: Global___QueueType.ValueType
     priorities: _builtins.bool
     """Tasks carry a priority 0..9 (queues declared with x-max-priority); classic queues only."""
+    no_frames: _builtins.bool
+    """Tasks and results travel one per AMQP message (frame batching off; see truba.pipes.frame).
+    Default (false): small messages are packed into frames under load.
+    """
     def __init__(
         self,
         *,
@@ -155,10 +160,11 @@ class JobSettings(_message.Message):
         max_attempts: _builtins.int = ...,
         queue_type: Global___QueueType.ValueType = ...,
         priorities: _builtins.bool = ...,
+        no_frames: _builtins.bool = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "task_timeout", b"task_timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "no_frames", b"no_frames", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "task_timeout", b"task_timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -77,3 +77,12 @@ def test_job_settings_from_the_assignment_with_defaults_for_zero() -> None:
     assert JobSettings.from_proto(settings.to_proto()) == settings
     graceful = common_pb2.JobSettings(preemption=common_pb2.PREEMPTION_GRACEFUL)
     assert not JobSettings.from_proto(graceful).immediate
+
+
+def test_job_settings_carry_frames_both_ways() -> None:
+    assert JobSettings.from_proto(common_pb2.JobSettings()).frames is True
+    off = JobSettings.from_proto(common_pb2.JobSettings(no_frames=True))
+    assert off.frames is False
+    assert off.to_proto().no_frames is True
+    assert JobSettings().to_proto().no_frames is False
+    assert JobSettings.from_proto(off.to_proto()) == off

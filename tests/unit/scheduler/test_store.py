@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
-from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.store import SqliteJobStore, settings_from_json, settings_json
 
 
 def make_job(job_id: str, created_at: float, **changes: object) -> Job:
@@ -149,3 +149,35 @@ def test_a_version_1_file_is_migrated_and_its_jobs_get_default_settings(tmp_path
         assert version == 2
     finally:
         store.close()
+
+
+def test_frames_off_is_stored_and_a_row_without_the_key_has_frames_on(tmp_path: Path) -> None:
+    path = tmp_path / "jobs.sqlite3"
+    store = SqliteJobStore(path)
+    off = make_job(
+        "off", 1.0, settings=JobSettings(frames=False, priorities=True, queue_type=QueueType.CLASSIC)
+    )
+    store.insert(off)
+    store.insert(make_job("old", 2.0, settings=JobSettings(frames=False)))
+    store.close()
+    # A row written before the setting existed: its settings JSON has no "frames" key
+    db = sqlite3.connect(path)
+    with db:
+        db.execute(
+            "UPDATE jobs SET settings=? WHERE id='old'", ('{"max_attempts": 4, "queue_type": "quorum"}',)
+        )
+    db.close()
+    store = SqliteJobStore(path)
+    try:
+        assert store.get("off") == off
+        old = store.get("old")
+        assert old is not None and old.settings == JobSettings(max_attempts=4, frames=True)
+    finally:
+        store.close()
+
+
+def test_settings_json_round_trips_frames() -> None:
+    for frames in (True, False):
+        settings = JobSettings(frames=frames)
+        assert settings_from_json(settings_json(settings)) == settings
+    assert settings_from_json("{}").frames is True

@@ -150,3 +150,9 @@ def test_priorities_need_a_classic_queue() -> None:
     assert check_settings(given, consumer_timeout=1800).priorities
     with pytest.raises(InvalidArgument, match="^settings.priorities: needs queue_type classic"):
         check_settings(common_pb2.JobSettings(priorities=True), consumer_timeout=1800)
+
+
+def test_frames_are_on_unless_the_job_sets_no_frames() -> None:
+    assert check_settings(common_pb2.JobSettings(), consumer_timeout=1800).frames
+    off = check_settings(common_pb2.JobSettings(no_frames=True), consumer_timeout=1800)
+    assert off == JobSettings(frames=False)
