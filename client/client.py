@@ -30,11 +30,13 @@ import grpc.aio
 from truba.channel import Credentials, open_channel
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import FailedPrecondition, NoJournal, map_rpc_errors
+from truba.client.framing import FrameSizer
 from truba.client.job import Job
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
 from truba.client.options import JobOptions, settings_pb
 from truba.pipes.base import Sender
 from truba.pipes.commit import FsyncPolicy, check_policy
+from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker
 from truba.pipes.route import RouteSender
@@ -192,9 +194,18 @@ class Client:
                 priority=priority if priorities else None,
             )
             return send_stack(
-                EncodedTaskCodec(), links, queues.spec(queues.tasks), role="tasks", options=options
+                EncodedTaskCodec(),
+                links,
+                queues.spec(queues.tasks),
+                role="tasks",
+                options=options,
+                frames=frames,
             )
 
+        # Every leaf shares one set of limits, which the job sizes (FrameSizer). Tasks of a job with
+        # priorities go one per message: a frame of low ones would keep its place in the queue.
+        framed = not info.settings.no_frames and not priorities
+        frames = FrameLimits() if framed else None
         journal: TaskJournal = MemoryJournal()
         if self._journal_root is not None:
             journal = Journal.open(self.journal_path(info.id), fsync=self._journal_fsync)
@@ -211,6 +222,7 @@ class Client:
             marker=queues.marker,
             max_payload=self._max_payload,
             resumed=resumed,
+            sizer=None if frames is None else FrameSizer(frames),
         )
         try:
             await job._start()

@@ -27,6 +27,7 @@ from tqdm import tqdm
 
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import SchedulerError, Unavailable, map_rpc_errors
+from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.outcome import Outcome
 from truba.client.watch import LossWatch
@@ -86,6 +87,7 @@ class Job:
         marker: str,
         max_payload: int,
         resumed: bool = False,
+        sizer: FrameSizer | None = None,
     ) -> None:
         self._client = client
         self._info = info
@@ -93,6 +95,8 @@ class Job:
         self._results = results
         self._journal = journal
         self._max_payload = max_payload
+        self._sizer = sizer
+        """Sizes task frames by the tasks' handler time (None: frames off for this job)."""
         self._prefix = secrets.token_hex(3)
         self._next = 0
         self._confirmations: dict[str, Confirmation] = {}
@@ -198,8 +202,11 @@ class Job:
         self._next += 1
         await self._journal.record(task_id, task.data)
         try:
-            async with asyncio.timeout(timeout):
+            if timeout is None:  # the common case: no timer to arm
                 confirmation = await self._tasks.send(task)
+            else:
+                async with asyncio.timeout(timeout):
+                    confirmation = await self._tasks.send(task)
         except TimeoutError:
             self._journal.withdraw(task_id)
             raise SubmitTimeout(
@@ -365,6 +372,8 @@ class Job:
                 log.info("client.result.duplicate", extra={"job_id": self.id, "task_id": message.task_id})
                 await _ack(delivery)
                 continue
+            if self._sizer is not None and not message.gave_up:
+                self._sizer.observe(message.seconds)
             taken = False
             try:
                 yield Outcome.from_message(message)

@@ -34,6 +34,7 @@ from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.pipes.base import Sender
+from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, redact
 from truba.pipes.route import RouteSender
@@ -350,7 +351,11 @@ class Daemon:
         """Puts tasks back into their queue, each priority level through its own stack (RabbitMQ
         reads the priority from the AMQP properties; the body keeps it too)."""
         options = SendOptions(priority=priority if job.settings.priorities else None)
-        return send_stack(TaskCodec(), self._links, job.tasks_queue, role="requeue", options=options)
+        # A preempted runner hands back many at once; not with priorities (see the client's tasks).
+        frames = FrameLimits() if job.settings.frames and not job.settings.priorities else None
+        return send_stack(
+            TaskCodec(), self._links, job.tasks_queue, role="requeue", options=options, frames=frames
+        )
 
     def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
         """The job's pipes (see truba.pipes.stacks); they connect lazily."""
@@ -363,7 +368,13 @@ class Daemon:
                 role="tasks",
                 dead_letter_queue=job.dead_queue,
             ),
-            results=send_stack(ResultCodec(), self._links, job.results_queue, role="results"),
+            results=send_stack(
+                ResultCodec(),
+                self._links,
+                job.results_queue,
+                role="results",
+                frames=FrameLimits() if job.settings.frames else None,
+            ),
             requeue=RouteSender(lambda task: task.priority, functools.partial(self._requeue_stack, job)),
             dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
         )

@@ -9,9 +9,11 @@
 
 The delivery is acked only once everything published for it is confirmed, so a daemon killed
 at any point loses nothing: the broker redelivers the unacked task. The confirm and the ack run
-in the background (the slot goes on with the next task meanwhile); :meth:`TaskEnds.wait` waits
-for them. If a confirm fails (the broker refused the message), the task is rejected with
-requeue as a last resort: it runs again, and its next daemon counts one attempt more.
+in the background (the slot goes on with the next task meanwhile), in the order the ends were
+published, by one task per runner (not one per end: at thousands of tasks a second that is a
+cost); :meth:`TaskEnds.wait` waits for them. If a confirm fails (the broker refused the
+message), the task is rejected with requeue as a last resort: it runs again, and its next daemon
+counts one attempt more.
 
 :meth:`TaskEnds.hold` keeps settles back for a while (they wait, nothing is lost): while the
 runner stops consuming, so that the consumer's prefetch credit runs out before basic.cancel
@@ -24,6 +26,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -59,7 +62,11 @@ class TaskEnds:
     daemon_id: str
     stats: JobStats
     on_broken: Callable[[PipeError], None] = lambda exc: None
-    _settling: set[asyncio.Task[None]] = field(default_factory=set)
+    _queue: deque[_End] = field(default_factory=deque)
+    """Ends published and not yet acked, oldest first."""
+    _acker: asyncio.Task[None] | None = None
+    _fewer: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set whenever an end is settled (waiters of :meth:`wait` recheck)."""
     _open: asyncio.Event = field(default_factory=asyncio.Event)
     _holds: int = 0
 
@@ -81,7 +88,7 @@ class TaskEnds:
     @property
     def in_flight(self) -> int:
         """Ends published and not yet acked."""
-        return len(self._settling)
+        return len(self._queue)
 
     async def complete(self, delivery: Delivery[TaskMessage], result: ResultMessage) -> None:
         """Publishes the task's result; acks once it is confirmed."""
@@ -124,9 +131,19 @@ class TaskEnds:
         *,
         gave_up: bool,
     ) -> None:
-        task = asyncio.create_task(self._ack_when_confirmed(delivery, confirmations, what, ok, gave_up))
-        self._settling.add(task)
-        task.add_done_callback(self._settling.discard)
+        self._queue.append(_End(delivery, confirmations, what, ok, gave_up))
+        if self._acker is None or self._acker.done():
+            self._acker = asyncio.create_task(self._ack_in_order())
+
+    async def _ack_in_order(self) -> None:
+        """Acks (or rejects) each end once its confirms came, oldest first, until none is left."""
+        while self._queue:
+            end = self._queue[0]
+            try:
+                await self._ack_when_confirmed(end.delivery, end.confirmations, end.what, end.ok, end.gave_up)
+            finally:
+                self._queue.popleft()
+                self._fewer.set()
 
     async def _ack_when_confirmed(
         self,
@@ -163,12 +180,25 @@ class TaskEnds:
     async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
         """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while len(self._settling) > limit:
+        while len(self._queue) > limit:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return False
-            await asyncio.wait(set(self._settling), timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            self._fewer.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._fewer.wait(), left)
         return True
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    """One end awaiting its confirms, then its ack."""
+
+    delivery: Delivery[TaskMessage]
+    confirmations: Sequence[Confirmation]
+    what: str
+    ok: bool | None
+    gave_up: bool
 
 
 async def settle(action: Awaitable[None]) -> None:

@@ -15,6 +15,13 @@ A batch handler (:mod:`truba.handlers`) gets up to ``max_size`` tasks per call o
 (:mod:`truba.daemon.batching`): the runner learns it by asking a slot to describe the handler
 before its first task, and then holds up to ``slots * max_size`` deliveries (the window).
 
+Frames (:mod:`truba.pipes.frame`): the members of a task frame are handed to whichever workers
+ask, so a frame spreads over the free slots. When members have waited ``hold_limit`` seconds and
+no worker has taken a task for as long (every slot is busy with a long one), they are handed
+back to the queue, unspent, for another daemon to run (late binding: a frame of long tasks must
+not keep one daemon's work from another's idle slots; members of short tasks keep flowing to
+this daemon's slots and are not sent around).
+
 After a task a slot is recycled (replaced by a fresh process) when it ran ``max_tasks`` tasks or
 its private memory passed the soft limit; a slot passing the hard limit during a task is killed
 and the attempt spent.
@@ -37,16 +44,24 @@ from truba.daemon.ends import JobPipes, TaskEnds
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
-from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, run_attempt, supervised
+from truba.daemon.supervise import MIB, AttemptEnd, Ending, Interrupt, Limits, run_attempt, supervised
 from truba.handlers import BatchSpec
 from truba.logs import bind
 from truba.pipes.base import Delivery
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame import unframing
 from truba.pipes.prefetch import Window
 from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
 log = logging.getLogger(__name__)
 GET_TIMEOUT = 0.5
+ENDS_PER_SLOT = 64
+"""Ends (results, requeues) a worker may leave awaiting their confirm before it waits: enough for
+a frame of results to form while the previous one is confirmed. Without frames the prefetch
+window bounds them anyway (an unacked delivery holds its place in it)."""
+HOLD_LIMIT = 0.1
+"""Seconds members of a frame may wait for a slot of this runner before they go back to the
+queue (see the module docstring)."""
 CANCEL_QUIET = 0.03
 """Seconds without acks before basic.cancel. A quorum queue returns what it had already sent
 towards a consumer that is cancelled (not yet on the wire to us): such a task comes back marked
@@ -87,7 +102,7 @@ class Worker:
     leaving: bool = False
     started_at: float = 0.0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
-    interrupt: asyncio.Event = field(default_factory=asyncio.Event)
+    interrupt: Interrupt = field(default_factory=Interrupt)
 
 
 class JobRunner:
@@ -112,6 +127,7 @@ class JobRunner:
         window: Window | None = None,
         stop_timeout: float = 5.0,
         cancel_quiet: float = CANCEL_QUIET,
+        hold_limit: float = HOLD_LIMIT,
     ) -> None:
         self.job_id = job_id
         self.handler = handler
@@ -125,6 +141,15 @@ class JobRunner:
         self.window = window or Window(1)
         self.stop_timeout = stop_timeout
         self.cancel_quiet = cancel_quiet
+        self.hold_limit = hold_limit
+        self._holding: asyncio.Task[None] | None = None
+        """Hands back frame members that wait too long (started with the first worker)."""
+        self._took_at = time.monotonic()
+        """When a worker last took a task (see _watch_held)."""
+        self._frames = unframing(pipes.tasks)
+        """The unframe layer of the task listener (None: not a framing stack)."""
+        self._quit_holding = asyncio.Event()
+        """Stops that watcher between two hand-backs (cancelling it could cut one in half)."""
         self.failure: PipeError | None = None
         self.ends = TaskEnds(pipes, daemon_id, self.stats, self._broke)
         self._workers: dict[Worker, asyncio.Task[None]] = {}
@@ -157,6 +182,8 @@ class JobRunner:
         return sum(1 for w in self._workers if not w.leaving)
 
     def add_worker(self, slot: SlotProcess) -> None:
+        if self._holding is None and self._frames is not None:
+            self._holding = asyncio.create_task(self._watch_held(), name=f"held-{self.job_id}")
         worker = Worker(slot)
         task = asyncio.create_task(self._work(worker), name=f"worker-{self.job_id}-{slot.index}")
         self._workers[worker] = task
@@ -208,6 +235,9 @@ class JobRunner:
         """
         self._closing = True
         self._stop_taking()
+        if self._holding is not None:
+            self._quit_holding.set()
+            await self._holding
         for worker in self._workers:
             if not worker.busy:
                 worker.wake.set()
@@ -305,11 +335,11 @@ class JobRunner:
                         continue
                     if spec is None:
                         await self._handle(worker, delivery)
-                        limit = max(1, self.target)
+                        limit = max(1, self.target) * ENDS_PER_SLOT
                     else:
                         batch = await collect(self.pipes.tasks, delivery, spec, lambda: self._taken(worker))
                         await self._handle_batch(worker, batch)
-                        limit = max(1, self.target) * spec.max_size
+                        limit = max(1, self.target) * max(spec.max_size, ENDS_PER_SLOT)
                     if not self._going(worker):  # a leaving worker frees its slot at once
                         await self.ends.wait(limit)  # backpressure on confirms
             except PipeClosed:
@@ -358,6 +388,13 @@ class JobRunner:
         if worker.wake.is_set():
             worker.wake.clear()
             return None
+        if self._frames is not None and self._frames.held:
+            # Members of a frame at hand: taken at once, without waiting machinery (the common
+            # case under load, worth its own path).
+            delivery = await self.pipes.tasks.get(0.0)
+            if delivery is not None:
+                self._took_at = time.monotonic()
+                return delivery
         getting = asyncio.ensure_future(self.pipes.tasks.get(GET_TIMEOUT))
         waking = asyncio.ensure_future(worker.wake.wait())
         self._idle += 1
@@ -378,6 +415,8 @@ class JobRunner:
                 raise
             return None
         await self._adapt_window(delivery, woken)
+        if delivery is not None:
+            self._took_at = time.monotonic()
         return delivery
 
     async def _adapt_window(self, delivery: Delivery[TaskMessage] | None, woken: bool) -> None:
@@ -552,12 +591,52 @@ class JobRunner:
         await self._stop_taking()
         with contextlib.suppress(PipeError):
             while (delivery := await tasks.get(0.0)) is not None:
-                task = delivery.message
-                admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
-                if admission.verdict is Verdict.GIVE_UP:
-                    await self._give_up(delivery, task, admission.spent, admission.error)
-                else:
-                    await self._requeue(delivery, _with(task, admission.spent), "released")
+                await self._hand_back(delivery, "released")
+
+    async def _hand_back(self, delivery: Delivery[TaskMessage], reason: str) -> None:
+        """Puts back a delivery this runner holds but never started: unspent (its redelivery,
+        if any, counted in), or given up if that spent its last attempt."""
+        task = delivery.message
+        with bind(task_id=task.task_id):
+            admission = admit(task, delivery.redelivered, delivery.headers, self.settings.max_attempts)
+            if admission.verdict is Verdict.GIVE_UP:
+                await self._give_up(delivery, task, admission.spent, admission.error)
+            else:
+                await self._requeue(delivery, _with(task, admission.spent), reason)
+
+    async def _watch_held(self) -> None:
+        """Hands back frame members that waited ``hold_limit`` seconds while no worker took a task."""
+        frames = self._frames
+        assert frames is not None
+        while not self._closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._quit_holding.wait(), self.hold_limit / 2)
+            if self._idle or self._quit_holding.is_set() or any(not w.busy for w in self._workers):
+                continue  # a worker is free, or about to be (starting its slot, describing)
+            if not frames.held:
+                try:  # a frame in the prefetch waits here from now on
+                    await frames.take_in()
+                except PipeError as exc:  # the listener's own reopen deals with it; a worker sees it too
+                    log.debug("daemon.job.take_in_failed", extra={"job_id": self.job_id, "error": repr(exc)})
+                continue
+            if min(frames.held_for(), time.monotonic() - self._took_at) < self.hold_limit:
+                continue  # not waiting long, or the slots take tasks: they flow here
+            count = 0
+            try:
+                while frames.held and not self._idle and not self._closing:
+                    delivery = await self.pipes.tasks.get(0.0)
+                    if delivery is None:
+                        break
+                    await self._hand_back(delivery, "held")
+                    count += 1
+            except PipeClosed:
+                return
+            except PipeError as exc:
+                self._broke(exc)
+                log.warning("daemon.job.hand_back_failed", extra={"job_id": self.job_id, "error": repr(exc)})
+                return
+            if count:
+                log.info("daemon.job.handed_back", extra={"job_id": self.job_id, "count": count})
 
 
 def _with(task: TaskMessage, attempts: int) -> TaskMessage:

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
@@ -49,6 +50,50 @@ class AttemptEnd:
     error: ErrorInfo | None = None
 
 
+class Interrupt:
+    """A flag a runner raises to stop a worker's attempt now (preemption, stop).
+
+    Like an ``asyncio.Event``, but it calls back on ``set`` instead of waking waiting tasks: an
+    attempt under watch then costs no task of its own (at thousands of tasks a second, that
+    counts).
+    """
+
+    def __init__(self) -> None:
+        self._set = False
+        self._callbacks: list[Callable[[], None]] = []
+
+    def set(self) -> None:
+        if self._set:
+            return
+        self._set = True
+        callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+    def clear(self) -> None:
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def on_set(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``callback`` at the next ``set`` (at once if set); returns what unregisters it."""
+        if self._set:
+            callback()
+            return _nothing
+        self._callbacks.append(callback)
+        return functools.partial(_discard, self._callbacks, callback)
+
+
+def _discard(callbacks: list[Callable[[], None]], callback: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError):
+        callbacks.remove(callback)
+
+
+def _nothing() -> None:
+    pass
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Per-attempt limits: ``timeout`` seconds, ``memory`` bytes of private memory (None: none)."""
@@ -63,7 +108,7 @@ async def run_attempt(
     task_id: str,
     payload: object,
     limits: Limits,
-    interrupt: asyncio.Event,
+    interrupt: Interrupt,
 ) -> AttemptEnd:
     """Runs one attempt on ``slot``; see the module docstring. Never raises SlotDied."""
     end, reply = await supervised(slot, slot.run(handler, task_id, payload), limits, interrupt)
@@ -74,7 +119,7 @@ async def supervised(
     slot: SlotProcess,
     call: Coroutine[Any, Any, T],
     limits: Limits,
-    interrupt: asyncio.Event,
+    interrupt: Interrupt,
     *,
     what: str = "attempt",
 ) -> tuple[AttemptEnd, T | None]:
@@ -82,22 +127,33 @@ async def supervised(
     module docstring. The call's value comes next to a REPLIED end; ``what`` names it in the
     timeout error. Never raises SlotDied."""
     started = time.perf_counter()
+    loop = asyncio.get_running_loop()
     running = asyncio.ensure_future(call)
-    interrupted = asyncio.ensure_future(interrupt.wait())
-    watching = asyncio.ensure_future(_watch_memory(slot, limits.memory)) if limits.memory else None
-    waits: set[asyncio.Future[Any]] = {running, interrupted}
-    if watching is not None:
-        waits.add(watching)
+    ended: asyncio.Future[Ending] = loop.create_future()
+
+    def end(why: Ending) -> None:
+        if not ended.done():
+            ended.set_result(why)
+
+    running.add_done_callback(lambda _: end(Ending.REPLIED))
+    timer = loop.call_later(limits.timeout, end, Ending.TIMED_OUT) if limits.timeout else None
+    forget = interrupt.on_set(functools.partial(end, Ending.INTERRUPTED))
+    watching = None
+    if limits.memory:
+        watching = asyncio.ensure_future(_watch_memory(slot, limits.memory))
+        watching.add_done_callback(lambda w: None if w.cancelled() else end(Ending.OUT_OF_MEMORY))
     try:
-        done, _ = await asyncio.wait(waits, timeout=limits.timeout, return_when=asyncio.FIRST_COMPLETED)
+        why = await ended
     except asyncio.CancelledError:
         running.cancel()  # kills the slot
         raise
     finally:
-        interrupted.cancel()
+        forget()
+        if timer is not None:
+            timer.cancel()
         if watching is not None:
             watching.cancel()
-    if running in done:
+    if running.done():  # a reply that raced with the others wins
         return _finished(running, time.perf_counter() - started)
     # Stop it: cancelling the run kills the slot; a reply that arrived meanwhile still wins.
     running.cancel()
@@ -107,7 +163,8 @@ async def supervised(
     if not running.cancelled():  # it ended on its own meanwhile: replied or died
         return _finished(running, seconds)
     await slot.start()
-    if watching is not None and watching in done:
+    if why is Ending.OUT_OF_MEMORY:
+        assert watching is not None
         used = watching.result()
         error = ErrorInfo(
             "MemoryLimitExceeded",
@@ -115,7 +172,7 @@ async def supervised(
             f"{(limits.memory or 0) / MIB:.0f} MiB; the slot was killed",
         )
         return AttemptEnd(Ending.OUT_OF_MEMORY, seconds, error=error), None
-    if interrupted in done:
+    if why is Ending.INTERRUPTED:
         return AttemptEnd(Ending.INTERRUPTED, seconds), None
     error = ErrorInfo("TaskTimeout", f"the {what} ran longer than {limits.timeout:g} s; the slot was killed")
     return AttemptEnd(Ending.TIMED_OUT, seconds, error=error), None

@@ -3,9 +3,11 @@
 The per-message AMQP work (a publish, a confirm, a delivery, an ack) is what limits a Python task
 system with millisecond tasks. :class:`FrameSender` packs messages into one frame while frames
 are already in flight (Nagle-like): a lone message goes out at once, unchanged, so latency at low
-load does not grow; messages that arrive while ``eager`` frames await their confirm wait at most
-``max_delay`` seconds, or until ``max_messages`` or ``max_bytes`` are gathered. Each message's
-confirmation resolves (or fails) with its frame's.
+load does not grow; a message that arrives while ``eager`` frames await their confirm starts a
+frame, which gathers until ``max_messages`` or ``max_bytes`` are in it or ``max_delay`` seconds
+have passed (not until that confirm: under load the confirms come every millisecond or two, and
+frames that short would stay small). Each message's confirmation resolves (or fails) with its
+frame's.
 
 :class:`FrameListener` unpacks frames into one delivery per member. The frame is settled with
 the broker once every member is: acked when all were acked; a member rejected with requeue is
@@ -19,7 +21,11 @@ starts with 0xC1, a byte msgpack never uses, so a frame is never mistaken for a 
 message; a message that starts with it but does not unpack is passed on as it is (the
 deserialize layer dead-letters it as poison).
 
-Status: the layer and its unit tests exist; the client and the daemon do not use it yet.
+Where it sits (:mod:`truba.pipes.stacks`): a :class:`FrameSender` over each broker's leaf, under
+``balance`` (so a broker's load counts members, and a broken broker's members move one by one);
+a :class:`FrameListener` right under ``deserialize``, always (a queue may hold frames whenever any
+of its producers frames). Both sides share one :class:`FrameLimits`, which an owner may change
+while the pipe runs (the client sizes task frames by how long tasks take).
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, final
@@ -61,6 +69,25 @@ def unpack(data: bytes) -> list[bytes] | None:
 
 
 @dataclass(slots=True)
+class FrameLimits:
+    """How big a frame may grow and how long a message may wait for one; read at every send,
+    so a change applies at once to every sender sharing the object.
+
+    ``max_messages`` 1 turns packing off. ``eager`` frames may be in flight before messages
+    wait to be packed (0: always gather, up to ``max_delay``).
+    """
+
+    max_messages: int = 64
+    max_bytes: int = 256 * 1024
+    max_delay: float = 0.005
+    eager: int = 1
+
+    def __post_init__(self) -> None:
+        if self.max_messages < 1 or self.max_bytes < 1 or self.max_delay < 0 or self.eager < 0:
+            raise ValueError("frame limits: max_messages, max_bytes >= 1; max_delay, eager >= 0")
+
+
+@dataclass(slots=True)
 class _Pending:
     messages: list[bytes] = field(default_factory=list)
     outers: list[Confirmation] = field(default_factory=list)
@@ -74,21 +101,17 @@ class FrameSender:
     name = "frame"
 
     def __init__(
-        self,
-        inner: Sender[bytes],
-        *,
-        max_messages: int = 64,
-        max_bytes: int = 256 * 1024,
-        max_delay: float = 0.002,
-        eager: int = 1,
+        self, inner: Sender[bytes], limits: FrameLimits | None = None, *, max_unconfirmed: int = 1000
     ) -> None:
-        if max_messages < 1 or max_bytes < 1 or max_delay < 0 or eager < 0:
-            raise ValueError("frame: max_messages, max_bytes >= 1; max_delay, eager >= 0")
+        if max_unconfirmed < 1:
+            raise ValueError(f"frame: max_unconfirmed must be >= 1, got {max_unconfirmed}")
         self.inner = inner
-        self._max_messages = max_messages
-        self._max_bytes = max_bytes
-        self._max_delay = max_delay
-        self._eager = eager
+        self.limits = limits or FrameLimits()
+        self._max_unconfirmed = max_unconfirmed
+        self._outstanding = 0
+        """Messages gathered or in flight (failed ones are not: they wait to be re-sent)."""
+        self._room = asyncio.Event()
+        self._room.set()
         self._pending = _Pending()
         self._in_flight: dict[Confirmation, tuple[list[bytes], list[Confirmation]]] = {}
         self._failed: list[tuple[list[bytes], list[Confirmation]]] = []
@@ -97,24 +120,55 @@ class FrameSender:
         self._closed = False
         self.frames = 0
         """Frames of more than one message sent."""
+        self.framed = 0
+        """Messages sent inside those frames."""
+        self.alone = 0
+        """Messages sent on their own."""
 
     async def send(self, message: bytes) -> Confirmation:
+        """Sends ``message`` now (nothing in flight) or gathers it into the next frame.
+
+        Waits while ``max_unconfirmed`` messages are gathered or unconfirmed (backpressure: the
+        inner window counts frames, not messages). A message is taken once this returns, never
+        before: a cancelled ``send`` leaves nothing behind. Gathered messages go out from a task
+        of their own, so no caller's cancellation can cut a frame short.
+        """
         if self._closed:
             raise PipeClosed("frame sender is closed")
+        while self._outstanding >= self._max_unconfirmed:
+            self._room.clear()
+            await self._room.wait()
+            if self._closed:
+                raise PipeClosed("frame sender is closed")
+        limits = self.limits
+        pending = self._pending
+        if not pending.messages and (len(self._in_flight) < limits.eager or limits.max_messages == 1):
+            return await self._send_alone(message)  # quiet: no waiting, no frame
+        if pending.messages and pending.size + len(message) > limits.max_bytes:
+            self._flush_soon()  # the frame would grow past its byte cap: it goes first
+            pending = self._pending
         loop = asyncio.get_running_loop()
         outer: Confirmation = loop.create_future()
-        if not self._pending.messages and len(self._in_flight) < self._eager:
-            await self._hand([message], [outer])  # quiet: no waiting, no frame
-            return outer
-        pending = self._pending
         pending.messages.append(message)
         pending.outers.append(outer)
         pending.size += len(message)
-        if len(pending.messages) >= self._max_messages or pending.size >= self._max_bytes:
-            await self._flush()
+        self._outstanding += 1
+        if len(pending.messages) >= limits.max_messages or pending.size >= limits.max_bytes:
+            self._flush_soon()
         elif self._timer is None:
-            self._timer = loop.call_later(self._max_delay, self._flush_soon)
+            self._timer = loop.call_later(limits.max_delay, self._flush_soon)
         return outer
+
+    @property
+    def ready(self) -> bool:
+        """The inner sender's readiness (``balance`` skips a leaf that is reconnecting)."""
+        return bool(getattr(self.inner, "ready", True))
+
+    def on_break(self, callback: Callable[[PipeError], None]) -> None:
+        """Passes ``balance``'s break callback to the inner sender, if it reports breaks."""
+        register = getattr(self.inner, "on_break", None)
+        if register is not None:
+            register(callback)
 
     def unconfirmed(self) -> Sequence[bytes]:
         held = [m for messages, _ in self._failed for m in messages]
@@ -125,6 +179,8 @@ class FrameSender:
         self._failed.clear()
         self._in_flight.clear()
         self._pending = _Pending()
+        self._outstanding = 0
+        self._room.set()
         self._cancel_timer()
         self.inner.drop_unconfirmed()
 
@@ -134,9 +190,13 @@ class FrameSender:
             return
         self._closed = True
         self._cancel_timer()
+        self._room.set()  # waiting senders raise PipeClosed
+        log.info(
+            "pipe.frame.closed",
+            extra={"frames": self.frames, "framed": self.framed, "alone": self.alone},
+        )
         try:
-            with contextlib.suppress(PipeError):
-                await self._flush()
+            self._flush_soon()
             if self._flushing:
                 await asyncio.gather(*self._flushing, return_exceptions=True)
         finally:
@@ -150,37 +210,45 @@ class FrameSender:
             self._timer = None
 
     def _flush_soon(self) -> None:
-        self._timer = None
-        if self._pending.messages:
-            task = asyncio.get_running_loop().create_task(self._flush_quietly())
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
-
-    async def _flush_quietly(self) -> None:
-        with contextlib.suppress(PipeError):  # the members' confirmations carry the error
-            await self._flush()
-
-    async def _flush(self) -> None:
+        """Sends what is gathered, from a task of its own (see :meth:`send`)."""
         self._cancel_timer()
         pending, self._pending = self._pending, _Pending()
         if pending.messages:
+            task = asyncio.get_running_loop().create_task(self._hand_quietly(pending))
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _hand_quietly(self, pending: _Pending) -> None:
+        with contextlib.suppress(PipeError):  # the members' confirmations carry the error
             await self._hand(pending.messages, pending.outers)
 
+    async def _send_alone(self, message: bytes) -> Confirmation:
+        """One message, unchanged. If the inner send raises, the message was not taken: the
+        caller gets the error and nothing is kept."""
+        inner = await self.inner.send(message)
+        self.alone += 1
+        self._outstanding += 1
+        outer: Confirmation = asyncio.get_running_loop().create_future()
+        self._track(inner, [message], [outer])
+        return outer
+
     async def _hand(self, messages: list[bytes], outers: list[Confirmation]) -> None:
+        """Sends gathered messages (their senders were told they were taken): as one frame, or
+        alone if only one; on failure they stay ours, held until re-sent or dropped."""
         data = messages[0] if len(messages) == 1 else pack(messages)
         try:
             inner = await self.inner.send(data)
-        except PipeError as exc:
-            # Not taken downstream: the members are still ours, held until re-sent or dropped.
-            self._failed.append((messages, outers))
-            for outer in outers:
-                _fail(outer, exc)
-            raise
-        except BaseException:
-            self._failed.append((messages, outers))
+        except BaseException as exc:
+            self._hold_failed(messages, outers, exc)
             raise
         if len(messages) > 1:
             self.frames += 1
+            self.framed += len(messages)
+        else:
+            self.alone += 1
+        self._track(inner, messages, outers)
+
+    def _track(self, inner: Confirmation, messages: list[bytes], outers: list[Confirmation]) -> None:
         self._in_flight[inner] = (messages, outers)
         inner.add_done_callback(self._settled)
 
@@ -191,15 +259,25 @@ class FrameSender:
         messages, outers = entry
         error = PipeClosed("confirmation cancelled") if inner.cancelled() else inner.exception()
         if error is None:
+            self._release(len(messages))
             for outer in outers:
                 if not outer.done():
                     outer.set_result(None)
         else:
-            self._failed.append(entry)
-            for outer in outers:
-                _fail(outer, error)
-        if self._pending.messages and len(self._in_flight) < self._eager and not self._closed:
-            self._flush_soon()  # the pipe went quiet: what waits goes now
+            self._hold_failed(messages, outers, error)
+
+    def _hold_failed(self, messages: list[bytes], outers: list[Confirmation], error: BaseException) -> None:
+        """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""
+        self._release(len(messages))
+        self._failed.append((messages, outers))
+        failure = error if isinstance(error, PipeError) else PipeClosed(f"frame not sent: {error!r}")
+        for outer in outers:
+            _fail(outer, failure)
+
+    def _release(self, count: int) -> None:
+        self._outstanding = max(0, self._outstanding - count)
+        if self._outstanding < self._max_unconfirmed:
+            self._room.set()
 
 
 @final
@@ -268,24 +346,82 @@ class _Member:
 
 @final
 class FrameListener:
-    """``Listener[bytes] -> Listener[bytes]`` handing out each member of a frame on its own."""
+    """``Listener[bytes] -> Listener[bytes]`` handing out each member of a frame on its own.
+
+    Several consumers may wait in ``get`` at once (a daemon's workers): one inner ``get`` runs
+    for all of them, and the members of a frame it brings go to every waiter, so a frame is
+    spread over the free slots instead of waiting behind one. Members received and not yet
+    handed out stay here until ``get`` takes them (after :meth:`cancel` too) or :meth:`close`
+    returns their frames to the broker.
+    """
 
     name = "unframe"
 
     def __init__(self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None) -> None:
         self.inner = inner
         self._requeue = requeue
-        self._ready: list[Delivery[bytes]] = []
+        self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
+        """Members received and not handed out yet, with when their frame arrived."""
+        self._pull: asyncio.Task[bool] | None = None
+
+    @property
+    def held(self) -> int:
+        """Members received and not handed out yet."""
+        return len(self._ready)
+
+    def held_for(self) -> float:
+        """Seconds the oldest member not handed out yet has waited here (0.0: none waits).
+
+        An owner whose consumers are all busy hands such members back when they wait too
+        long, so that another consumer of the queue can run them (late binding).
+        """
+        if not self._ready:
+            return 0.0
+        return time.monotonic() - self._ready[0][0]
 
     async def get(self, timeout: float) -> Delivery[bytes] | None:
         if self._ready:
-            return self._ready.pop(0)
-        delivery = await self.inner.get(timeout)
+            return self._ready.popleft()[1]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            pull = self._pull or self._start_pull(max(0.0, deadline - loop.time()))
+            # asyncio.wait neither cancels the pull on timeout nor when this waiter is
+            # cancelled: what the pull brings stays here for the next get.
+            await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
+            if self._ready:
+                return self._ready.popleft()[1]
+            if not pull.done():
+                return None  # our time is up; the pull goes on for the others
+            if not pull.cancelled() and (error := pull.exception()) is not None:
+                raise error
+            if loop.time() >= deadline or (not pull.cancelled() and not pull.result()):
+                return None  # the inner get timed out (or others took what it brought)
+
+    async def take_in(self) -> None:
+        """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
+        split: its members then count as :attr:`held`. Lets an owner whose consumers are all
+        busy see (and hand back) a frame that would otherwise wait unseen in the prefetch."""
+        if self._pull is None:
+            await asyncio.wait((self._start_pull(0.0),))
+
+    def _start_pull(self, timeout: float) -> asyncio.Task[bool]:
+        """The one inner get that every waiter shares (see :meth:`get`)."""
+        pull = self._pull = asyncio.get_running_loop().create_task(self._fetch(timeout))
+        pull.add_done_callback(_retrieve)
+        return pull
+
+    async def _fetch(self, timeout: float) -> bool:
+        """One inner get; its members go to ``_ready``. False when it timed out."""
+        try:
+            delivery = await self.inner.get(timeout)
+        finally:
+            self._pull = None
         if delivery is None:
-            return None
-        members = self._split(delivery)
-        first, self._ready = members[0], members[1:]
-        return first
+            return False
+        now = time.monotonic()
+        self._ready.extend((now, member) for member in self._split(delivery))
+        return True
 
     def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
         async def each(delivery: Delivery[bytes]) -> None:
@@ -298,6 +434,8 @@ class FrameListener:
         await self.inner.cancel()
 
     async def close(self) -> None:
+        if self._pull is not None:
+            self._pull.cancel()
         self._ready.clear()  # unsettled members: their frames go back to the broker
         await self.inner.close()
 
@@ -307,6 +445,22 @@ class FrameListener:
             return [delivery]
         frame = _Frame(delivery, len(members), self._requeue)
         return [_Member(message, frame) for message in members]
+
+
+def unframing(listener: Listener[object]) -> FrameListener | None:
+    """The :class:`FrameListener` layer inside a stack of listeners (each layer's ``inner``)."""
+    layer: object = listener
+    while layer is not None:
+        if isinstance(layer, FrameListener):
+            return layer
+        layer = getattr(layer, "inner", None)
+    return None
+
+
+def _retrieve(task: asyncio.Task[bool]) -> None:
+    """Marks a pull's error seen: its waiters may all have left (the next get raises it anew)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _fail(outer: Confirmation, error: BaseException) -> None:

@@ -2,11 +2,14 @@
 
 Sending (daemon results; client tasks with a spool)::
 
-    serialize → [spool] → retry → log → balance[reopen → rabbit, reopen → rabbit, ...]
+    serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]
 
 Listening (daemon tasks; client results)::
 
-    deserialize → retry → log → merge[reopen → rabbit(prefetch), reopen → rabbit(prefetch), ...]
+    deserialize → unframe → retry → log → merge[reopen → rabbit(prefetch), ...]
+
+``frame`` (:mod:`truba.pipes.frame`) packs small messages into one AMQP message under load;
+``unframe`` is always there, since a queue holds frames whenever any of its producers frames.
 
 Differences from the talk's stacks, on purpose: ``reopen`` sits under ``balance``/``merge``, one
 per broker, so a broken broker is reopened alone while the others carry on, and ``balance``
@@ -23,6 +26,7 @@ from typing import TypeVar
 
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Codec, Layer, Listener, Sender
+from truba.pipes.frame import FrameLimits, FrameListener, FrameSender
 from truba.pipes.log import log_errors, log_listener
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline
@@ -88,22 +92,25 @@ def send_stack(
     role: str = "send",
     spool: Layer[bytes, bytes] | None = None,
     options: SendOptions | None = None,
+    frames: FrameLimits | None = None,
 ) -> Sender[T]:
-    """``serialize → [spool] → retry → log → balance[reopen → rabbit, ...]`` publishing to ``queue``.
+    """``serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]`` to ``queue``.
 
     The daemon's result sender is this stack without a spool; the client's task sender has one.
-    Given a :class:`QueueSpec`, every (re)connect declares the queue first.
+    Given a :class:`QueueSpec`, every (re)connect declares the queue first. With ``frames``,
+    each broker's leaf packs messages into frames under load, within those (shared) limits.
     """
     opts = options or SendOptions()
     name = _name(queue)
-    leaves: list[Sender[bytes]] = [
-        ReopenSender(
+    leaves: list[Sender[bytes]] = []
+    for broker in brokers:
+        leaf: Sender[bytes] = ReopenSender(
             _sender_connector(broker, queue, opts),
             label=f"{name}@{broker.name}",
             connect_timeout=opts.connect_timeout,
         )
-        for broker in brokers
-    ]
+        framed = leaf if frames is None else FrameSender(leaf, frames, max_unconfirmed=opts.max_unconfirmed)
+        leaves.append(framed)
     start: Pipeline[T, T] = Pipeline(lambda sender: sender)
     encoded = start.layer(serialize(codec, opts.max_message_size))
     spooled = encoded.layer(spool) if spool is not None else encoded
@@ -124,7 +131,7 @@ def listen_stack(
     connect_timeout: float = 10.0,
     dead_letter_queue: str | QueueSpec | None = None,
 ) -> Listener[T]:
-    """``deserialize → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
+    """``deserialize → unframe → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
     The daemon's task listener and the client's result listener are this stack. With
     ``dead_letter_queue``, a message that cannot be decoded is published there with its error.
@@ -145,7 +152,8 @@ def listen_stack(
         dead_letters = _bytes_sender(brokers, dead_letter_queue, SendOptions(), connect_timeout)
     start: ListenerPipeline[T, T] = ListenerPipeline(lambda listener: listener)
     decoded = start.layer(deserialize(codec, dead_letters))
-    retried: ListenerPipeline[T, bytes] = decoded.layer(retry_listener(UNTIL_SUCCESS))
+    unframed: ListenerPipeline[T, bytes] = decoded.layer(FrameListener)
+    retried: ListenerPipeline[T, bytes] = unframed.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
     return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))
 

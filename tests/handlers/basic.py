@@ -32,3 +32,13 @@ def unserializable(payload: object) -> object:
 def noisy(payload: object) -> object:
     print("this goes to stderr, not into the frames")
     return payload
+
+
+def behave(payload: list[object]) -> object:
+    """``["ok", v]`` returns v, ``["raise", message]`` raises ValueError, ``["sleep", s]`` sleeps."""
+    what, arg = payload
+    if what == "raise":
+        raise ValueError(str(arg))
+    if what == "sleep":
+        time.sleep(float(arg))  # type: ignore[arg-type]
+    return arg

@@ -101,8 +101,10 @@ async def test_a_wiped_broker_is_declared_lost_and_the_tasks_it_held_complete(
             job = await client.create_job("tests.handlers.basic:sleep", name="broker-wipe")
             ids = {await job.submit(0.1): i for i in range(400)}
             await job.close()
+            # Messages, not tasks: most carry a frame of tasks (up to 8 before the first outcome),
+            # and the daemons already hold some; at least one must be lost with the broker.
             held = await ready(brokers[0].url, f"truba.job.{job.id}.tasks")
-            assert held >= 20, f"too few tasks on the broker to wipe: {held}"
+            assert held >= 1, f"no task message on the broker to wipe: {held}"
             brokers[0].kill()
             shutil.rmtree(brokers[0].base_dir / "mnesia")  # its disk is gone for good
             await asyncio.to_thread(brokers[0].restart)

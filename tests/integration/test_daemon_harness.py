@@ -4,9 +4,10 @@
   sends them exactly the assignments (with settings) and drains the test asks for, and keeps
   their latest heartbeats;
 - :class:`DaemonProcess`: ``python -m truba.daemon`` as a subprocess, to kill -9, SIGSTOP, SIGTERM;
-- :class:`JobQueues`: one job's queues declared on the real brokers, a task sender and a result
-  listener over truba's own pipe stacks (the client's side, with every raw result kept, so
-  duplicates can be counted before deduplication).
+- :class:`JobQueues`: one job's queues declared on the real brokers, a task sender (in frames of
+  ``frame`` tasks at most, FRAME by default; None: one per message) and a result listener over
+  truba's own pipe stacks (the client's side, with every raw result kept, so duplicates can be
+  counted before deduplication).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import msgpack
 import pika
 
 from tests import waiting
+from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
 from truba.pipes.stacks import listen_stack, send_stack
@@ -36,6 +38,9 @@ from truba.proto.v1 import common_pb2, daemons_pb2, daemons_pb2_grpc
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
 ALLOW = "tests.handlers.*"
+FRAME = 4
+"""Tasks per frame the test client packs at most: small, as a client's first frames are (it sizes
+them by the tasks' duration once outcomes come; see truba.client.framing)."""
 
 
 async def eventually(condition: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
@@ -241,7 +246,9 @@ class DaemonProcess:
 class JobQueues:
     """One job's queues on the brokers, and the client's side of them (see the module docstring)."""
 
-    def __init__(self, job_id: str, broker_urls: Sequence[str], kind: str = "quorum") -> None:
+    def __init__(
+        self, job_id: str, broker_urls: Sequence[str], kind: str = "quorum", *, frame: int | None = FRAME
+    ) -> None:
         self.job_id = job_id
         self.kind = kind
         prefix = f"truba.job.{job_id}"
@@ -249,7 +256,9 @@ class JobQueues:
         self.urls = list(broker_urls)
         self.links = [RabbitBroker(url, name=f"test-{job_id}", heartbeat=5.0) for url in self.urls]
         self.received: dict[str, list[ResultMessage]] = defaultdict(list)
-        self._sender = send_stack(TaskCodec(), self.links, self.tasks, role="test-tasks")
+        # Tasks submitted together go in frames (as a client's would): the daemon's tests run them.
+        limits = None if frame is None else FrameLimits(max_messages=frame)
+        self._sender = send_stack(TaskCodec(), self.links, self.tasks, role="test-tasks", frames=limits)
         self._listener = None
 
     def specs(self) -> list[QueueSpec]:

@@ -111,13 +111,15 @@ async def test_sigterm_drains_finishes_the_running_task_and_exits_0(
         assert code == 0 and time.monotonic() - began < 4, logs
         await job.collect(["running"], timeout=5)
         assert job.outcome("running").ok and job.outcome("running").attempts == 1
-        assert job.counts()[job.tasks] == 6, logs  # all back, none run
+        # All back, none run (the queue holds them in frames: its message count says less).
+        assert job.counts()[job.tasks] >= 1, logs
+        assert not any(t.task_id in job.received for t in queued), logs
         heir = "d-heir"
         start_daemon(heir, 1)
         await eventually(lambda: scheduler.connected(heir), what="heir connected")
         scheduler.assign(heir, job_slots(job, ONCE, 1))
         await job.collect([t.task_id for t in queued], timeout=10)
-        assert all(job.outcome(t.task_id).ok for t in queued)
+        assert all(job.outcome(t.task_id).ok and job.outcome(t.task_id).daemon_id == heir for t in queued)
         # What the drained daemon held but never started went back unspent.
         expect_unspent({t.task_id: job.outcome(t.task_id).attempts for t in queued}, logs)
 

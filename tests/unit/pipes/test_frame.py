@@ -8,7 +8,7 @@ import pytest
 
 from truba.pipes.base import Delivery
 from truba.pipes.errors import MessageRejected, PipeBroken
-from truba.pipes.frame import MAGIC, FrameListener, FrameSender, pack, unpack
+from truba.pipes.frame import MAGIC, FrameLimits, FrameListener, FrameSender, pack, unpack
 from truba.pipes.testing import FakeListener, FakeSender
 
 
@@ -21,7 +21,7 @@ def test_pack_and_unpack_round_trip_and_refuse_what_is_not_a_frame() -> None:
 
 async def test_a_lone_message_goes_out_at_once_unchanged() -> None:
     inner: FakeSender[bytes] = FakeSender()
-    sender = FrameSender(inner, max_delay=10.0)
+    sender = FrameSender(inner, FrameLimits(max_delay=10.0))
     confirmation = await sender.send(b"one")
     assert inner.sent == [b"one"]
     inner.confirm()
@@ -31,7 +31,7 @@ async def test_a_lone_message_goes_out_at_once_unchanged() -> None:
 
 async def test_messages_sent_while_one_is_in_flight_are_packed_into_one_frame() -> None:
     inner: FakeSender[bytes] = FakeSender()
-    sender = FrameSender(inner, max_delay=0.01)
+    sender = FrameSender(inner, FrameLimits(max_delay=0.01))
     first = await sender.send(b"m0")
     rest = [await sender.send(f"m{i}".encode()) for i in range(1, 6)]
     assert inner.sent == [b"m0"]  # the others wait: one is in flight
@@ -43,25 +43,33 @@ async def test_messages_sent_while_one_is_in_flight_are_packed_into_one_frame() 
     assert sender.unconfirmed() == [] and sender.frames == 1
 
 
-async def test_a_full_frame_goes_at_once_and_a_quiet_pipe_flushes_early() -> None:
+async def test_a_full_frame_goes_at_once_and_a_gathering_one_waits_for_max_delay() -> None:
     inner: FakeSender[bytes] = FakeSender()
-    sender = FrameSender(inner, max_messages=3, max_delay=10.0)
+    sender = FrameSender(inner, FrameLimits(max_messages=3, max_delay=0.05))
     await sender.send(b"a")
     for m in (b"b", b"c", b"d"):
         await sender.send(m)
+    await _turn()
     assert inner.sent == [b"a", pack([b"b", b"c", b"d"])]  # the size cap, not the delay
     await sender.send(b"e")
-    inner.confirm()  # nothing in flight any more: "e" need not wait for max_delay
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
-    assert inner.sent[-1] == b"e"
+    await sender.send(b"f")
+    inner.confirm()  # under load a frame goes on gathering until max_delay, confirms or not
+    await _turn()
+    assert len(inner.sent) == 2
+    await asyncio.sleep(0.1)
+    assert inner.sent[-1] == pack([b"e", b"f"])
+    inner.confirm()
+    await _turn()
+    await sender.send(b"g")  # nothing in flight, nothing gathered: alone, at once
+    assert inner.sent[-1] == b"g"
 
 
 async def test_a_failed_frame_fails_every_member_and_keeps_them_unconfirmed() -> None:
     inner: FakeSender[bytes] = FakeSender()
-    sender = FrameSender(inner, max_messages=2)
+    sender = FrameSender(inner, FrameLimits(max_messages=2))
     a = await sender.send(b"a")
     x, y = await sender.send(b"x"), await sender.send(b"y")
+    await _turn()
     assert inner.sent == [b"a", pack([b"x", b"y"])]
     inner.reject(2)  # the broker nacks both: the lone message and the frame
     for confirmation in (a, x, y):
@@ -125,13 +133,26 @@ async def test_garbage_with_the_magic_is_passed_on_as_it_is() -> None:
     assert delivery is not None and delivery.message == MAGIC + b"\xff not a frame"
 
 
-async def test_a_broken_inner_sender_fails_the_send_and_keeps_the_message() -> None:
+async def test_a_lone_send_that_raises_was_not_taken_and_is_not_kept() -> None:
     inner: FakeSender[bytes] = FakeSender()
     inner.fail_next(PipeBroken("gone"))
     sender = FrameSender(inner)
     with pytest.raises(PipeBroken):
         await sender.send(b"m")
-    assert sender.unconfirmed() == [b"m"]
+    assert sender.unconfirmed() == []  # the caller was told: it sends again (retry) or gives up
+
+
+async def test_gathered_members_of_a_frame_that_cannot_be_sent_fail_and_are_kept() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_messages=2, max_delay=10.0))
+    await sender.send(b"a")
+    x = await sender.send(b"x")
+    inner.fail_next(PipeBroken("gone"))
+    y = await sender.send(b"y")  # completes the frame; its send fails, but x and y were taken
+    for confirmation in (x, y):
+        with pytest.raises(PipeBroken):
+            await confirmation
+    assert sorted(sender.unconfirmed()) == [b"a", b"x", b"y"]
 
 
 async def test_subscribers_get_each_member_and_close_sends_what_was_gathered() -> None:
@@ -149,9 +170,107 @@ async def test_subscribers_get_each_member_and_close_sends_what_was_gathered() -
     assert got == [b"a", b"b"] and inner.acked == [pack([b"a", b"b"])]
 
     out: FakeSender[bytes] = FakeSender(auto_confirm=True)
-    sender = FrameSender(out, eager=0, max_delay=10.0)  # eager=0: always gather
+    sender = FrameSender(out, FrameLimits(eager=0, max_delay=10.0))  # eager=0: always gather
     confirmations = [await sender.send(m) for m in (b"x", b"y")]
     assert out.sent == []
     await sender.close()
     assert out.sent == [pack([b"x", b"y"])]
     await asyncio.gather(*confirmations)
+
+
+async def test_a_frame_never_grows_past_its_byte_cap() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_bytes=10, max_delay=10.0))
+    await sender.send(b"first")  # alone: nothing in flight
+    for m in (b"aaaa", b"bbbb", b"cccc"):
+        await sender.send(m)
+    await _turn()
+    assert inner.sent == [b"first", pack([b"aaaa", b"bbbb"])]  # "cccc" would make it 12 bytes
+    assert sorted(sender.unconfirmed())[-1] == b"first" and b"cccc" in sender.unconfirmed()
+
+
+async def test_limits_changed_while_running_apply_at_once() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    limits = FrameLimits(max_delay=10.0)
+    sender = FrameSender(inner, limits)
+    await sender.send(b"a")
+    limits.max_messages = 2
+    await sender.send(b"b")
+    await sender.send(b"c")
+    await _turn()
+    assert inner.sent == [b"a", pack([b"b", b"c"])]
+    limits.max_messages = 1  # packing off: every message goes alone, whatever is in flight
+    await sender.send(b"d")
+    assert inner.sent[-1] == b"d"
+
+
+async def test_waiting_consumers_share_a_frame_instead_of_one_holding_it() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    waiters = [asyncio.ensure_future(listener.get(5.0)) for _ in range(3)]
+    await asyncio.sleep(0.01)
+    inner.push(pack([b"a", b"b", b"c"]))
+    got = await asyncio.wait_for(asyncio.gather(*waiters), 1.0)  # all three, not one
+    assert sorted(d.message for d in got if d is not None) == [b"a", b"b", b"c"]
+
+
+async def test_a_waiter_that_leaves_loses_nothing_and_timeouts_return_none() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    assert await listener.get(0.01) is None
+    leaving = asyncio.ensure_future(listener.get(5.0))
+    await asyncio.sleep(0.01)
+    leaving.cancel()
+    inner.push(pack([b"a", b"b"]))
+    first, second = await listener.get(1.0), await listener.get(0.0)
+    assert first is not None and second is not None
+    assert [first.message, second.message] == [b"a", b"b"] and listener.held == 0
+
+
+async def test_an_error_of_the_inner_listener_reaches_every_waiter() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    waiters = [asyncio.ensure_future(listener.get(5.0)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    inner.close_from_remote()
+    for waiter in waiters:
+        with pytest.raises(PipeBroken):
+            await waiter
+
+
+async def test_readiness_and_break_reports_pass_through_to_balance() -> None:
+    class Leaf(FakeSender[bytes]):
+        ready = False
+
+        def on_break(self, callback: object) -> None:
+            self.registered = callback
+
+    leaf = Leaf()
+    sender = FrameSender(leaf)
+    assert sender.ready is False
+    sender.on_break(print)
+    assert leaf.registered is print
+
+
+async def test_senders_wait_while_too_many_are_unconfirmed_and_a_cancelled_wait_takes_nothing() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_delay=10.0), max_unconfirmed=3)
+    await sender.send(b"a")
+    await sender.send(b"b")
+    await sender.send(b"c")
+    blocked = asyncio.ensure_future(sender.send(b"d"))
+    await asyncio.sleep(0.01)
+    assert not blocked.done()  # three gathered or in flight: the fourth waits
+    blocked.cancel()
+    await asyncio.sleep(0)
+    assert b"d" not in sender.unconfirmed()  # cancelled while waiting: not taken
+    waiting = asyncio.ensure_future(sender.send(b"e"))
+    inner.confirm()  # "a" is confirmed: room for one
+    await asyncio.wait_for(waiting, 1.0)
+    assert sorted(sender.unconfirmed()) == [b"b", b"c", b"e"]
+
+
+async def _turn() -> None:
+    """Lets the frame's own flushing task run."""
+    for _ in range(3):
+        await asyncio.sleep(0)

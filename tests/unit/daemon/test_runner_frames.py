@@ -1,0 +1,81 @@
+"""A runner fed task frames: members spread over its slots; held long tasks go back (late binding)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+
+from tests.waiting import eventually
+from truba.daemon.ends import JobPipes
+from truba.daemon.runner import JobRunner
+from truba.daemon.slots import SlotProcess
+from truba.pipes.frame import FrameListener, pack
+from truba.pipes.serialize import DeserializeListener
+from truba.pipes.testing import FakeListener, FakeSender
+from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
+
+CODEC = TaskCodec()
+
+
+class Framed:
+    """A runner (of ``handler``, one that sleeps its payload's seconds) whose task pipe carries frames."""
+
+    def __init__(self, slots: int, handler: str = "tests.handlers.basic:sleep") -> None:
+        self.wire: FakeListener[bytes] = FakeListener()
+        self.results: FakeSender[ResultMessage] = FakeSender(auto_confirm=True)
+        self.requeue: FakeSender[TaskMessage] = FakeSender(auto_confirm=True)
+        dead: FakeSender[GaveUpRecord] = FakeSender(auto_confirm=True)
+        tasks = DeserializeListener(FrameListener(self.wire), CODEC)
+        pipes = JobPipes(tasks, self.results, self.requeue, dead)
+        self.runner = JobRunner("j1", handler, "d1", pipes, lambda slot: None, target=slots)
+        self.slots = [SlotProcess(i) for i in range(slots)]
+        for slot in self.slots:
+            self.runner.add_worker(slot)
+
+    def push_frame(self, *tasks: TaskMessage) -> bytes:
+        frame = pack([CODEC.encode(task) for task in tasks])
+        self.wire.push(frame)
+        return frame
+
+    async def close(self) -> None:
+        self.runner.stop_now()
+        await self.runner.close()
+        for slot in self.slots:
+            await slot.stop()
+
+
+@pytest.fixture
+async def framed() -> AsyncIterator[list[Framed]]:
+    made: list[Framed] = []
+    yield made
+    for rig in made:
+        await rig.close()
+
+
+async def test_members_of_a_frame_run_on_every_free_slot_and_the_frame_is_acked_once(
+    framed: list[Framed],
+) -> None:
+    rig = Framed(slots=2, handler="tests.handlers.faults:pid")  # each result: its slot's pid
+    framed.append(rig)
+    frame = rig.push_frame(*(TaskMessage(f"t{i}", 0.02) for i in range(8)))
+    await eventually(lambda: len(rig.results.sent) == 8, timeout=10)
+    assert len({r.value for r in rig.results.sent}) == 2  # both slots ran members of the frame
+    await eventually(lambda: rig.wire.acked == [frame])
+    assert rig.requeue.sent == []  # the slots kept taking tasks: nothing was handed back
+
+
+async def test_members_held_behind_long_tasks_go_back_unspent_for_another_daemon(
+    framed: list[Framed],
+) -> None:
+    rig = Framed(slots=1)
+    framed.append(rig)
+    frame = rig.push_frame(*(TaskMessage(f"long{i}", 1.0) for i in range(3)))
+    await eventually(lambda: len(rig.requeue.sent) == 2, timeout=1.0)  # within hold_limit + a check
+    assert sorted(t.task_id for t in rig.requeue.sent) == ["long1", "long2"]
+    assert all(t.attempts == 0 for t in rig.requeue.sent)  # unspent
+    await eventually(lambda: len(rig.results.sent) == 1, timeout=5)
+    await eventually(lambda: rig.wire.acked == [frame])  # run, handed back: the frame is settled
+    await asyncio.sleep(0.2)
+    assert [r.task_id for r in rig.results.sent] == ["long0"]
