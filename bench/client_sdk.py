@@ -29,16 +29,18 @@ import os
 import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Unpack
 
 import aio_pika
+from local import one_daemon_cluster
 from report import write_json
 
 from truba.client import Client
+from truba.client.options import JobOptions
 from truba.local.cluster import LocalCluster
-from truba.local.node import LocalRabbitNode, start_nodes
+from truba.local.node import LocalRabbitNode
 from truba.pipes.rabbit import QueueSpec, RabbitConnection
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
@@ -170,9 +172,10 @@ async def raw_worker(url: str, tasks: str, results: str) -> None:
     await asyncio.Future()
 
 
-async def sdk_w1(cluster: LocalCluster, n: int, journal: Path) -> float:
+async def sdk_w1(cluster: LocalCluster, n: int, journal: Path, **job_options: Unpack[JobOptions]) -> float:
+    """Tasks per second, submit of the first to the outcome of the last."""
     async with Client(cluster.address, journal=journal) as client:
-        job = await client.create_job(HANDLER, name="bench-w1")
+        job = await client.create_job(HANDLER, name="bench-w1", **job_options)
         began = time.perf_counter()
 
         async def submit_all() -> None:
@@ -248,18 +251,8 @@ def main() -> int:
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--json", type=Path, default=Path("bench/results/client_sdk.json"))
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="truba-bench-sdk-") as folder:
-        tmp = Path(folder)
-        (node,) = start_nodes(tmp / "rmq", 1)
-        cluster = LocalCluster(tmp / "cluster")
-        try:
-            cluster.start_scheduler([node.url], "127.0.0.1:0")
-            daemon = cluster.start_daemon("d0", args.slots, ["tests.handlers.*"])
-            cluster.wait_for_daemons(1)
-            result = asyncio.run(run(args, node, cluster, daemon.pid, tmp))
-        finally:
-            cluster.stop()
-            node.stop()
+    with one_daemon_cluster("truba-bench-sdk-", args.slots) as bench:
+        result = asyncio.run(run(args, bench.node, bench.cluster, bench.daemon.pid, bench.tmp))
     print_table(result)
     write_json(args.json, result)
     return 0

@@ -1,0 +1,39 @@
+"""What the end-to-end benchmarks run against: one local broker, a scheduler and one daemon."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from truba.local.cluster import LocalCluster, TrubaProcess
+from truba.local.node import LocalRabbitNode, start_nodes
+
+
+@dataclass(frozen=True)
+class Bench:
+    """The running parts, and a folder for the benchmark's own files."""
+
+    node: LocalRabbitNode
+    cluster: LocalCluster
+    daemon: TrubaProcess
+    tmp: Path
+
+
+@contextmanager
+def one_daemon_cluster(prefix: str, slots: int) -> Iterator[Bench]:
+    """Starts the broker, the scheduler and a daemon of ``slots`` slots; stops them after."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as folder:
+        tmp = Path(folder)
+        (node,) = start_nodes(tmp / "rmq", 1)
+        cluster = LocalCluster(tmp / "cluster")
+        try:
+            cluster.start_scheduler([node.url], "127.0.0.1:0")
+            daemon = cluster.start_daemon("d0", slots, ["tests.handlers.*"])
+            cluster.wait_for_daemons(1)
+            yield Bench(node, cluster, daemon, tmp)
+        finally:
+            cluster.stop()
+            node.stop()
