@@ -38,11 +38,17 @@ class JobQueues:
         lost its data (see :mod:`truba.client.watch`)."""
         return self.tasks.removesuffix(".tasks") + ".marker"
 
-    def all(self) -> tuple[str, str, str]:
-        """The three names, dead-letter queue first (the other two dead-letter into it)."""
-        return (self.dead, self.tasks, self.results)
+    @property
+    def record(self) -> str:
+        """The stream every result is copied to, in the same confirm: which tasks have a
+        confirmed result, for a daemon that gets a half-done frame back (see truba.pipes.record)."""
+        return self.results.removesuffix(".results") + ".done"
 
-    def specs(self) -> tuple[QueueSpec, QueueSpec, QueueSpec]:
+    def all(self) -> tuple[str, str, str, str]:
+        """The four names, dead-letter queue first (tasks and results dead-letter into it)."""
+        return (self.dead, self.tasks, self.results, self.record)
+
+    def specs(self) -> tuple[QueueSpec, QueueSpec, QueueSpec, QueueSpec]:
         """How to declare them, in :meth:`all` order."""
         return (
             QueueSpec(self.dead, kind="classic"),
@@ -53,10 +59,11 @@ class JobQueues:
                 max_priority=MAX_PRIORITY if self.priorities else None,
             ),
             QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
+            QueueSpec(self.record, kind="stream"),
         )
 
     def spec(self, name: str) -> QueueSpec:
-        """The spec of one of the three queues.
+        """The spec of one of the four queues.
 
         Raises:
             KeyError: ``name`` is not one of them.

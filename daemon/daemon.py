@@ -34,9 +34,11 @@ from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.pipes.base import Sender
+from truba.pipes.errors import CodecError
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, redact
+from truba.pipes.record import DoneRecord
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
@@ -90,6 +92,8 @@ class Wanted:
     results_queue: str | QueueSpec
     dead_queue: str | QueueSpec
     settings: JobSettings = JobSettings()
+    record: QueueSpec | None = None
+    """The stream results are copied to, read for redelivered tasks (see truba.pipes.record)."""
 
 
 class Daemon:
@@ -187,6 +191,7 @@ class Daemon:
                 queues.spec(queues.results),
                 queues.spec(queues.dead),
                 JobSettings.from_proto(job.settings),
+                queues.spec(queues.record),
             )
         log.info(
             "daemon.assigned",
@@ -358,7 +363,16 @@ class Daemon:
         )
 
     def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
-        """The job's pipes (see truba.pipes.stacks); they connect lazily."""
+        """The job's pipes (see truba.pipes.stacks); they connect lazily.
+
+        Results are copied to the job's record, which a redelivered task (a frame a dead daemon
+        had half done, or a task whose result was confirmed but not acked) is looked up in.
+        """
+        done = None
+        if job.record is not None:
+            done = DoneRecord(
+                self._links, job.record.name, result_key=_task_id_of_result, member_key=_task_id_of_task
+            )
         return JobPipes(
             tasks=listen_stack(
                 TaskCodec(),
@@ -367,14 +381,32 @@ class Daemon:
                 window,
                 role="tasks",
                 dead_letter_queue=job.dead_queue,
+                done=done,
             ),
             results=send_stack(
                 ResultCodec(),
                 self._links,
                 job.results_queue,
                 role="results",
+                options=SendOptions(copy_to=job.record),
                 frames=FrameLimits() if job.settings.frames else None,
             ),
             requeue=RouteSender(lambda task: task.priority, functools.partial(self._requeue_stack, job)),
             dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
         )
+
+
+def _task_id_of_result(data: bytes) -> str | None:
+    """The task id of a recorded result (None: not a result message)."""
+    try:
+        return ResultCodec().decode(data).task_id
+    except CodecError:
+        return None
+
+
+def _task_id_of_task(data: bytes) -> str | None:
+    """The task id of a task message (None: not one; the deserialize layer dead-letters it)."""
+    try:
+        return TaskCodec().decode(data).task_id
+    except CodecError:
+        return None

@@ -14,7 +14,11 @@ the broker once every member is: acked when all were acked; a member rejected wi
 published again alone through ``requeue`` (when given) before the frame is acked, so the members
 that were done do not run again. Without ``requeue`` (or for members rejected without requeue)
 the whole frame is rejected that way once all members are settled: done members may then run
-again, as after a crash (outcomes are deduplicated by task id downstream).
+again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
+:class:`~truba.pipes.record.DoneRecord`), a frame that comes back redelivered is first looked up
+in it: members that already have a confirmed result are acked instead of handed out, so a frame
+a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
+as any redelivered AMQP message would.)
 
 Wire format: a frame is ``MAGIC`` followed by a msgpack array of the members' bytes. ``MAGIC``
 starts with 0xC1, a byte msgpack never uses, so a frame is never mistaken for a lone truba
@@ -35,7 +39,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final, final
 
@@ -344,6 +348,11 @@ class _Member:
         await self._frame.settle(self._message, how)
 
 
+DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
+"""Given a redelivered delivery and its members, the indexes of those with a confirmed result
+(see :class:`~truba.pipes.record.DoneRecord`)."""
+
+
 @final
 class FrameListener:
     """``Listener[bytes] -> Listener[bytes]`` handing out each member of a frame on its own.
@@ -357,9 +366,12 @@ class FrameListener:
 
     name = "unframe"
 
-    def __init__(self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None) -> None:
+    def __init__(
+        self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None, done: DoneCheck | None = None
+    ) -> None:
         self.inner = inner
         self._requeue = requeue
+        self._done = done
         self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
         """Members received and not handed out yet, with when their frame arrived."""
         self._pull: asyncio.Task[bool] | None = None
@@ -419,13 +431,14 @@ class FrameListener:
             self._pull = None
         if delivery is None:
             return False
+        members = await self._unsettled(delivery)
         now = time.monotonic()
-        self._ready.extend((now, member) for member in self._split(delivery))
+        self._ready.extend((now, member) for member in members)
         return True
 
     def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
         async def each(delivery: Delivery[bytes]) -> None:
-            for member in self._split(delivery):
+            for member in await self._unsettled(delivery):
                 await callback(member)
 
         self.inner.subscribe(each)
@@ -438,6 +451,23 @@ class FrameListener:
             self._pull.cancel()
         self._ready.clear()  # unsettled members: their frames go back to the broker
         await self.inner.close()
+
+    async def _unsettled(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
+        """The members of ``delivery`` to hand out: all of them, but for a redelivered one those
+        that the ``done`` record says have a result already (they are acked here)."""
+        members = self._split(delivery)
+        if self._done is None or not delivery.redelivered or len(members) == 1:
+            return members  # a lone message runs again, as any redelivered AMQP message would
+        try:
+            done = set(await self._done(delivery, [member.message for member in members]))
+        except Exception as exc:  # the record is an optimisation: without it, all run again
+            log.warning("pipe.frame.record_failed", extra={"error": repr(exc)})
+            return members
+        if done:
+            log.info("pipe.frame.done_before", extra={"members": len(members), "done": len(done)})
+        for i in sorted(done):
+            await members[i].ack()
+        return [member for i, member in enumerate(members) if i not in done]
 
     def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
         members = unpack(delivery.message)

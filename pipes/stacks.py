@@ -26,7 +26,7 @@ from typing import TypeVar
 
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Codec, Layer, Listener, Sender
-from truba.pipes.frame import FrameLimits, FrameListener, FrameSender
+from truba.pipes.frame import DoneCheck, FrameLimits, FrameListener, FrameSender
 from truba.pipes.log import log_errors, log_listener
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline
@@ -57,6 +57,9 @@ class SendOptions:
     max_unconfirmed: int = 1000
     connect_timeout: float = 10.0
     retry: Backoff = field(default=UNTIL_SUCCESS)
+    copy_to: str | QueueSpec | None = None
+    """A second queue each broker also puts every message in, in the same confirm (the daemon's
+    results go to the job's record too: see truba.pipes.record)."""
 
 
 def _sender_connector(
@@ -68,6 +71,7 @@ def _sender_connector(
             confirm_timeout=options.confirm_timeout,
             max_unconfirmed=options.max_unconfirmed,
             priority=options.priority,
+            copy_to=options.copy_to,
         )
 
     return connect
@@ -130,6 +134,7 @@ def listen_stack(
     role: str = "listen",
     connect_timeout: float = 10.0,
     dead_letter_queue: str | QueueSpec | None = None,
+    done: DoneCheck | None = None,
 ) -> Listener[T]:
     """``deserialize → unframe → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
@@ -137,6 +142,8 @@ def listen_stack(
     ``dead_letter_queue``, a message that cannot be decoded is published there with its error.
     Given a :class:`QueueSpec`, every (re)connect declares the queue (else it must exist).
     The window's total is spread over the brokers' leaves when it is split (see :class:`Window`).
+    With ``done``, a redelivered message's members that have a confirmed result are acked, not
+    handed out (see :class:`FrameListener`).
     """
     window.leaves = len(brokers)
     leaves: list[Listener[bytes]] = [
@@ -152,7 +159,7 @@ def listen_stack(
         dead_letters = _bytes_sender(brokers, dead_letter_queue, SendOptions(), connect_timeout)
     start: ListenerPipeline[T, T] = ListenerPipeline(lambda listener: listener)
     decoded = start.layer(deserialize(codec, dead_letters))
-    unframed: ListenerPipeline[T, bytes] = decoded.layer(FrameListener)
+    unframed: ListenerPipeline[T, bytes] = decoded.layer(lambda inner: FrameListener(inner, done=done))
     retried: ListenerPipeline[T, bytes] = unframed.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
     return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, final
 
-from truba.pipes.errors import PipeBroken, PipeError, SendTimeout
+from truba.pipes.errors import ChannelLost, PipeBroken, PipeError, SendTimeout
 from truba.pipes.rabbit import QueueSpec, RabbitConnection, redact
 from truba.scheduler.errors import Unavailable
 from truba.scheduler.model import JobQueues
@@ -101,11 +101,19 @@ class Broker:
         await connection.close()
 
     async def declare(self, queues: JobQueues) -> None:
-        """Declares the job's three queues (idempotent)."""
+        """Declares the job's queues and its record stream (idempotent)."""
 
         async def declare_all(connection: AdminConnection) -> None:
             for spec in queues.specs():
-                await connection.declare(spec)
+                if spec.name != queues.record:
+                    await connection.declare(spec)
+            try:
+                await connection.declare(queues.spec(queues.record))
+            except ChannelLost as exc:  # a broker without streams: the job runs without a record
+                log.warning(
+                    "sched.queues.no_record",
+                    extra={"broker": self.info.name, "queue": queues.record, "error": str(exc)},
+                )
 
         await self._run(f"declare {queues.tasks}", declare_all)
 
@@ -114,7 +122,7 @@ class Broker:
         are no error."""
 
         async def delete_all(connection: AdminConnection) -> None:
-            for name in (queues.tasks, queues.results, queues.dead, queues.marker):
+            for name in (*queues.all(), queues.marker):
                 await connection.delete(name)
 
         await self._run(f"delete {queues.tasks}", delete_all)

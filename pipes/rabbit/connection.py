@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final, final
 
@@ -13,10 +14,11 @@ import aio_pika
 import aiormq.exceptions as amqp
 from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
 
-from truba.pipes.errors import ConnectionLost, PipeClosed
+from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
 from truba.pipes.rabbit.sender import RabbitSender
+from truba.pipes.rabbit.stream import read_stream
 from truba.pipes.rabbit.util import close_quietly, redact
 
 log = logging.getLogger(__name__)
@@ -26,13 +28,22 @@ DELIVERY_LIMIT: Final = 1_000_000
 drops a task on its own; truba counts attempts itself (the 4.x default of 20 would drop tasks)."""
 
 
+STREAM_MAX_AGE_SECONDS: Final = 3600
+STREAM_MAX_AGE: Final = f"{STREAM_MAX_AGE_SECONDS}s"
+STREAM_MAX_BYTES: Final = 256 * 1024 * 1024
+STREAM_SEGMENT_BYTES: Final = 8 * 1024 * 1024
+"""A stream keeps its messages at most an hour and 256 MiB (per broker), whichever ends first;
+retention drops whole segments, hence segments much smaller than the 500 MB default."""
+
+
 @dataclass(frozen=True)
 class QueueSpec:
     """A durable queue and how it dead-letters.
 
-    ``kind`` is ``"quorum"`` (the default: fsync before confirm, a delivery count) or
-    ``"classic"``. ``dead_letter_to`` names the queue rejected messages go to. ``max_priority``
-    makes a priority queue (classic queues only on RabbitMQ 3.x).
+    ``kind`` is ``"quorum"`` (the default: fsync before confirm, a delivery count),
+    ``"classic"``, or ``"stream"`` (an append-only log read from an offset, kept for
+    :data:`STREAM_MAX_AGE`). ``dead_letter_to`` names the queue rejected messages go to.
+    ``max_priority`` makes a priority queue (classic queues only on RabbitMQ 3.x).
     """
 
     name: str
@@ -42,6 +53,11 @@ class QueueSpec:
 
     def arguments(self) -> dict[str, FieldValue]:
         args: dict[str, FieldValue] = {"x-queue-type": self.kind}
+        if self.kind == "stream":
+            args["x-max-age"] = STREAM_MAX_AGE
+            args["x-max-length-bytes"] = STREAM_MAX_BYTES
+            args["x-stream-max-segment-size-bytes"] = STREAM_SEGMENT_BYTES
+            return args
         if self.max_priority is not None:
             args["x-max-priority"] = self.max_priority
         if self.kind == "quorum":
@@ -109,24 +125,39 @@ class RabbitConnection:
         confirm_timeout: float = 30.0,
         max_unconfirmed: int = 1000,
         priority: int | None = None,
+        copy_to: str | QueueSpec | None = None,
     ) -> RabbitSender:
         """A sender publishing to ``queue`` through the default exchange on a confirm channel.
 
         Given a :class:`QueueSpec`, the queue is declared first (topology re-declared on every
         reconnect: a broker whose data was wiped gets the queue back instead of returning
-        every message as unroutable).
+        every message as unroutable). ``copy_to`` names a second queue every message is also
+        put in, within the same confirm (declared the same way when it is a spec, but a copy is
+        an extra: if it cannot be declared, messages go to ``queue`` alone).
         """
         redeclare = None
-        if isinstance(queue, QueueSpec):
-            spec = queue
-            await self.declare(spec)
-            queue = spec.name
+        if isinstance(queue, QueueSpec) or isinstance(copy_to, QueueSpec):
+            target, copy = queue, copy_to
 
             async def redeclare() -> None:
-                await self.declare(spec)
+                if isinstance(target, QueueSpec):
+                    await self.declare(target)
+                if isinstance(copy, QueueSpec):
+                    await self._declare_copy(copy)
+
+            await redeclare()
 
         channel = await self._channel(confirms=True)
-        return RabbitSender(channel, queue, self.url, confirm_timeout, max_unconfirmed, redeclare, priority)
+        return RabbitSender(
+            channel,
+            _name(queue),
+            self.url,
+            confirm_timeout,
+            max_unconfirmed,
+            redeclare,
+            priority,
+            copy_to=None if copy_to is None else _name(copy_to),
+        )
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
         """A listener consuming ``queue`` with at most ``prefetch`` unsettled deliveries.
@@ -149,6 +180,25 @@ class RabbitConnection:
         listener = RabbitListener(channel, amqp_queue, self.url)
         await listener.start()
         return listener
+
+    async def read_stream(
+        self, stream: str, since: float, each: Callable[[bytes], None], *, timeout: float
+    ) -> int:
+        """Calls ``each`` with every message appended to ``stream`` since ``since`` (Unix time)
+        and before the read began; returns how many (see :func:`truba.pipes.rabbit.stream.read_stream`)."""
+        reader = await self._channel(confirms=False)
+        try:
+            writer = await self._channel(confirms=True)
+        except BaseException:
+            await close_quietly(reader)
+            raise
+        return await read_stream(reader, writer, stream, since, each, timeout)
+
+    async def _declare_copy(self, spec: QueueSpec) -> None:
+        try:
+            await self.declare(spec)
+        except ChannelLost as exc:  # e.g. a broker without streams: refused, not broken
+            log.warning("pipe.rabbit.copy_not_declared", extra={"queue": spec.name, "error": str(exc)})
 
     async def declare(self, spec: QueueSpec) -> None:
         """Declares a durable queue (idempotent for equal arguments)."""
@@ -227,11 +277,16 @@ class RabbitBroker:
         confirm_timeout: float = 30.0,
         max_unconfirmed: int = 1000,
         priority: int | None = None,
+        copy_to: str | QueueSpec | None = None,
     ) -> RabbitSender:
         """A fresh sending leaf on the shared connection (a connector for reopen)."""
         connection = await self.connection()
         return await connection.sender(
-            queue, confirm_timeout=confirm_timeout, max_unconfirmed=max_unconfirmed, priority=priority
+            queue,
+            confirm_timeout=confirm_timeout,
+            max_unconfirmed=max_unconfirmed,
+            priority=priority,
+            copy_to=copy_to,
         )
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
@@ -244,3 +299,7 @@ class RabbitBroker:
         self._closed = True
         if self._connection is not None:
             await self._connection.close()
+
+
+def _name(queue: str | QueueSpec) -> str:
+    return queue.name if isinstance(queue, QueueSpec) else queue

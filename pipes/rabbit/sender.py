@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, final
 
 import aio_pika
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
 from truba.pipes.base import Confirmation
@@ -19,6 +20,9 @@ from truba.pipes.rabbit.util import close_quietly, redact
 log = logging.getLogger(__name__)
 
 PERSISTENT: Final = int(aio_pika.DeliveryMode.PERSISTENT)
+SENT_AT: Final = "truba-sent-at"
+"""Header of every message: when it was published (Unix time, whole seconds, the sender's clock).
+A consumer of a redelivered message reads a record from about then (see truba.pipes.record)."""
 
 
 @final
@@ -31,7 +35,10 @@ class RabbitSender:
     unroutable return fails that message's confirmation with MessageRejected and keeps it too;
     after a return, ``redeclare`` (if given) is run once in the background, so a queue that
     vanished with a broker's data is back when the message is sent again. Every message carries
-    ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender).
+    ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender). With
+    ``copy_to``, the broker also puts every message in that queue (a ``BCC`` header: RabbitMQ's
+    sender-selected distribution), and confirms it only once both queues have it. Every message
+    carries the header :data:`SENT_AT` (whole seconds, this host's clock).
 
     Hot path: a message is published on the channel's aiormq layer with prebuilt properties
     (no aio-pika ``Message`` per message), and the confirm timeout is one timer for the oldest
@@ -48,9 +55,14 @@ class RabbitSender:
         max_unconfirmed: int,
         redeclare: Callable[[], Awaitable[None]] | None = None,
         priority: int | None = None,
+        *,
+        copy_to: str | None = None,
     ) -> None:
         self._channel = channel
         self._priority = priority
+        self._copy_to: list[FieldValue] | None = None if copy_to is None else [copy_to]
+        self._stamp = 0
+        self._properties = self._stamped()
         self._redeclare = redeclare
         self._redeclaring: asyncio.Task[None] | None = None
         self._queue = queue
@@ -107,8 +119,18 @@ class RabbitSender:
         # messages go out in the order they were sent; close() waits (bounded) for them.
         return confirmation
 
+    def _stamped(self) -> spec.Basic.Properties:
+        """The properties of every message sent this second (built once a second)."""
+        self._stamp = int(time.time())
+        headers: dict[str, FieldValue] = {SENT_AT: self._stamp}
+        if self._copy_to is not None:
+            headers["BCC"] = self._copy_to
+        return spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority, headers=headers)
+
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
-        properties = spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority)
+        if time.time() - self._stamp >= 1.0:
+            self._properties = self._stamped()
+        properties = self._properties
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed

@@ -45,6 +45,15 @@ def sleep_in_file(payload: list[object]) -> float:
     return seconds
 
 
+def count_runs(payload: list[object]) -> float:
+    """Appends the slot's pid to ``payload[0]`` (a line per run), then sleeps ``payload[1]`` s."""
+    path, seconds = str(payload[0]), float(payload[1])  # type: ignore[arg-type]
+    with open(path, "a") as file:
+        file.write(f"{os.getpid()}\n")
+    time.sleep(seconds)
+    return seconds
+
+
 def sleep_once(payload: list[object]) -> dict[str, float]:
     """Sleeps ``payload[1]`` s the first time it runs (marker file ``payload[0]``), ``payload[2]`` after.
 

@@ -131,6 +131,38 @@ async def test_a_daemon_killed_mid_task_loses_nothing_and_its_tasks_count_one_at
         assert '"redelivered": true' in (tmp_path / "d-heir.log").read_text()
 
 
+async def test_a_frame_a_killed_daemon_had_half_done_runs_only_its_other_half(
+    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+) -> None:
+    job: JobQueues = await make_job()  # type: ignore[misc]
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        doomed = start_daemon("d-doomed", 1)
+        await eventually(lambda: scheduler.connected("d-doomed"), what="daemon connected")
+        # One slot: t0 goes alone (nothing in flight), t1..t4 in one frame, run in order; t4 is
+        # still running when the daemon dies, with the results of t1..t3 confirmed.
+        tasks = [TaskMessage(f"t{i}", [str(tmp_path / f"t{i}.runs"), 0.05]) for i in range(4)]
+        tasks.append(TaskMessage("t4", [str(tmp_path / "t4.runs"), 30.0]))
+        await job.submit(*tasks)
+        scheduler.assign("d-doomed", job_slots(job, "tests.handlers.faults:count_runs", 1))
+        await eventually(lambda: (tmp_path / "t4.runs").exists(), what="t4 running")
+        await job.collect(["t0", "t1", "t2", "t3"], timeout=10)
+        doomed.kill()
+        start_daemon("d-heir", 1)
+        await eventually(lambda: scheduler.connected("d-heir"), what="heir connected")
+        scheduler.assign("d-heir", job_slots(job, "tests.handlers.faults:count_runs", 1))
+        await eventually(lambda: len(_runs(tmp_path, "t4")) == 2, timeout=20, what="t4 run again")
+        logs = dump_logs(tmp_path)
+        # The heir found t1..t3 in the record and acked them without running them again.
+        assert [len(_runs(tmp_path, f"t{i}")) for i in range(4)] == [1, 1, 1, 1], logs
+        assert '"pipe.frame.done_before"' in (tmp_path / "d-heir.log").read_text(), logs
+        assert job.duplicates() == 0, logs
+
+
+def _runs(tmp_path: Path, task_id: str) -> list[str]:
+    path = tmp_path / f"{task_id}.runs"
+    return path.read_text().split() if path.exists() else []
+
+
 async def test_a_daemon_frozen_until_the_broker_drops_it_loses_nothing(
     urls: list[str], make_job: Callable[..., object], tmp_path: Path
 ) -> None:

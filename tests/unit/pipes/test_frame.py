@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection, Sequence
 
 import pytest
 
@@ -274,3 +275,52 @@ async def _turn() -> None:
     """Lets the frame's own flushing task run."""
     for _ in range(3):
         await asyncio.sleep(0)
+
+
+class _Record:
+    """A done check that says which members are done (by content) and what it was asked."""
+
+    def __init__(self, done: set[bytes], error: Exception | None = None) -> None:
+        self.done = done
+        self.error = error
+        self.asked: list[list[bytes]] = []
+
+    async def __call__(self, delivery: Delivery[bytes], members: Sequence[bytes]) -> Collection[int]:
+        self.asked.append(list(members))
+        if self.error is not None:
+            raise self.error
+        return [i for i, member in enumerate(members) if member in self.done]
+
+
+async def test_a_redelivered_frame_hands_out_only_the_members_without_a_recorded_result() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    record = _Record({b"a", b"c"})
+    listener = FrameListener(inner, done=record)
+    frame = pack([b"a", b"b", b"c"])
+    inner.push(frame, redelivered=True)
+    inner.push(pack([b"a", b"d"]))  # not redelivered: not looked up, all handed out
+    got = [await listener.get(1.0) for _ in range(3)]
+    assert [d.message for d in got if d is not None] == [b"b", b"a", b"d"]
+    assert record.asked == [[b"a", b"b", b"c"]]
+    assert inner.acked == []  # b still runs
+    assert got[0] is not None
+    await got[0].ack()
+    assert inner.acked == [frame]
+
+
+async def test_a_redelivered_lone_message_is_handed_out_without_a_lookup() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    record = _Record({b"done"})
+    listener = FrameListener(inner, done=record)
+    inner.push(b"done", redelivered=True)
+    got = await listener.get(1.0)
+    assert got is not None and got.message == b"done" and got.redelivered
+    assert record.asked == [] and inner.acked == []
+
+
+async def test_a_record_that_cannot_be_read_lets_every_member_run_again() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner, done=_Record({b"a"}, error=RuntimeError("broker down")))
+    inner.push(pack([b"a", b"b"]), redelivered=True)
+    got = [await listener.get(1.0) for _ in range(2)]
+    assert [d.message for d in got if d is not None] == [b"a", b"b"]

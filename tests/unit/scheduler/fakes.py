@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from truba.pipes.errors import ConnectionLost
+from truba.pipes.errors import ChannelLost, ConnectionLost
 from truba.pipes.rabbit import QueueSpec, redact
 from truba.scheduler.brokers import AdminConnection, Brokers
 
@@ -20,6 +20,8 @@ class FakeBroker:
     hang: bool = False
     connects: int = 0
     deletes: int = 0
+    refuses: set[str] = field(default_factory=set)
+    """Queue kinds it refuses to declare (as a broker without streams refuses streams)."""
 
 
 class FakeConnection:
@@ -42,6 +44,8 @@ class FakeConnection:
 
     async def declare(self, spec: QueueSpec) -> None:
         await self._check()
+        if spec.kind in self.broker.refuses:
+            raise ChannelLost(f"declare {spec.name}: channel closed by the broker: COMMAND_INVALID")
         self.broker.queues[spec.name] = spec
 
     async def delete(self, queue: str) -> None:

@@ -14,10 +14,11 @@ from truba.scheduler.store import SqliteJobStore
 QUEUES = job_queues("j1")
 
 
-async def test_declare_creates_the_three_queues_on_every_broker(cluster: FakeCluster) -> None:
+async def test_declare_creates_the_three_queues_and_the_record_on_every_broker(cluster: FakeCluster) -> None:
     await cluster.brokers.declare(QUEUES)
     for fake in cluster.fakes:
-        assert set(fake.queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead}
+        assert set(fake.queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead, QUEUES.record}
+        assert fake.queues[QUEUES.record].kind == "stream"
         assert fake.queues[QUEUES.tasks].kind == "quorum"
         assert fake.queues[QUEUES.tasks].dead_letter_to == QUEUES.dead
         assert fake.queues[QUEUES.results].kind == "quorum"
@@ -25,6 +26,16 @@ async def test_declare_creates_the_three_queues_on_every_broker(cluster: FakeClu
         assert fake.queues[QUEUES.dead].kind == "classic"
         assert fake.queues[QUEUES.dead].dead_letter_to is None
     assert [b.name for b in cluster.brokers.infos] == ["b0", "b1"]
+
+
+async def test_a_broker_that_refuses_streams_gets_the_job_without_a_record(
+    cluster: FakeCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster.fakes[1].refuses = {"stream"}
+    await cluster.brokers.declare(QUEUES)
+    assert set(cluster.fakes[1].queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead}
+    assert QUEUES.record in cluster.fakes[0].queues
+    assert "sched.queues.no_record" in caplog.text
 
 
 async def test_a_down_broker_fails_declare_naming_it_without_its_password(cluster: FakeCluster) -> None:

@@ -36,6 +36,16 @@ def test_queue_names_derive_from_the_job_id() -> None:
         "truba.job.abc123.dead",
     )
     assert queues.all()[0] == queues.dead
+    assert queues.record == "truba.job.abc123.done" and queues.record in queues.all()
+
+
+def test_the_record_is_a_stream_with_bounded_retention_and_the_others_dead_letter() -> None:
+    specs = {spec.name: spec.arguments() for spec in job_queues("abc123").specs()}
+    record = specs["truba.job.abc123.done"]
+    assert record["x-queue-type"] == "stream"
+    assert record["x-max-age"] == "3600s" and record["x-max-length-bytes"] == 256 * 1024 * 1024
+    assert "x-dead-letter-routing-key" not in record and "x-delivery-limit" not in record
+    assert specs["truba.job.abc123.tasks"]["x-dead-letter-routing-key"] == "truba.job.abc123.dead"
 
 
 def test_allow_patterns_match_the_whole_handler_string() -> None:

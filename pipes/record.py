@@ -1,0 +1,116 @@
+"""The record of confirmed results: which messages of a redelivered delivery need no second run.
+
+AMQP has no partial ack: a daemon that dies with part of a frame done leaves the whole frame to
+be redelivered. So the daemon's result sender copies every result message into a stream, the
+job's *record* (on the same broker, within the same confirm: see ``copy_to`` of
+:class:`~truba.pipes.rabbit.RabbitSender`): a result is confirmed exactly when its broker's record
+holds it. A consumer that gets a delivery back redelivered reads the record of every broker from
+about when the delivery was first sent, and settles the members that already have a result
+instead of handing them out to run again (see :class:`~truba.pipes.frame.FrameListener`).
+
+Reading costs a scan of the results recorded since then, so it is done for redelivered frames
+only (a lone message runs again, as any redelivered AMQP message would), each broker's read
+bounded by ``timeout`` seconds. A broker whose record cannot be read counts as holding nothing:
+its members run again, and the client drops the duplicate outcome (at least once, as without a
+record). The record keeps an hour at most (:data:`~truba.pipes.rabbit.connection.STREAM_MAX_AGE`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Final, final
+
+from truba.pipes.base import Delivery
+from truba.pipes.frame import unpack
+from truba.pipes.rabbit import RabbitBroker, redact
+from truba.pipes.rabbit.connection import STREAM_MAX_AGE_SECONDS
+from truba.pipes.rabbit.sender import SENT_AT
+
+log = logging.getLogger(__name__)
+
+SKEW: Final = 30.0
+"""Seconds read before a delivery's ``sent-at`` stamp: the sender's clock and the brokers' may
+differ (an earlier start only reads more)."""
+
+
+@final
+class DoneRecord:
+    """Which members of a redelivered delivery have a confirmed result in the job's record.
+
+    ``result_key`` gives the key (a task id) of one recorded result message, ``member_key`` that
+    of one member of a delivery; either returns None for a message it cannot read (a member that
+    cannot be read is handed out, to be dead-lettered by the layer that decodes it).
+    """
+
+    def __init__(
+        self,
+        brokers: Sequence[RabbitBroker],
+        stream: str,
+        *,
+        result_key: Callable[[bytes], str | None],
+        member_key: Callable[[bytes], str | None],
+        timeout: float = 3.0,
+    ) -> None:
+        self._brokers = list(brokers)
+        self._stream = stream
+        self._result_key = result_key
+        self._member_key = member_key
+        self._timeout = timeout
+
+    async def __call__(self, delivery: Delivery[bytes], members: Sequence[bytes]) -> Collection[int]:
+        """Indexes of ``members`` (the messages of ``delivery``) that have a confirmed result."""
+        keys = {key: i for i, member in enumerate(members) if (key := self._member_key(member)) is not None}
+        if not keys:
+            return ()
+        since = _sent_at(delivery)
+        done = await self.done(keys.keys(), since - SKEW if since is not None else None)
+        return [keys[key] for key in done]
+
+    async def done(self, keys: Collection[str], since: float | None) -> set[str]:
+        """The ``keys`` with a result recorded on any broker since ``since`` (Unix time; None:
+        as far back as the record goes)."""
+        wanted, found = set(keys), set[str]()
+
+        def each(body: bytes) -> None:
+            for message in unpack(body) or [body]:
+                key = self._result_key(message)
+                if key in wanted:
+                    found.add(key)
+
+        start = time.time() - STREAM_MAX_AGE_SECONDS if since is None else since
+        reads = await asyncio.gather(
+            *(self._read(broker, start, each) for broker in self._brokers), return_exceptions=True
+        )
+        for broker, read in zip(self._brokers, reads, strict=True):
+            if isinstance(read, Exception):
+                log.warning(
+                    "pipe.record.unread",
+                    extra={"stream": self._stream, "broker": redact(broker.url), "error": repr(read)},
+                )
+            elif isinstance(read, BaseException):
+                raise read
+        log.info(
+            "pipe.record.read",
+            extra={
+                "stream": self._stream,
+                "wanted": len(wanted),
+                "done": len(found),
+                "scanned": sum(read for read in reads if isinstance(read, int)),
+            },
+        )
+        return found
+
+    async def _read(self, broker: RabbitBroker, since: float, each: Callable[[bytes], None]) -> int:
+        """Reads one broker's record, connecting included, within ``timeout`` seconds: a broker
+        that is down must not hold up the redelivered frame for a whole connect timeout."""
+        async with asyncio.timeout(self._timeout):
+            connection = await broker.connection()
+            return await connection.read_stream(self._stream, since, each, timeout=self._timeout)
+
+
+def _sent_at(delivery: Delivery[bytes]) -> float | None:
+    stamp = delivery.headers.get(SENT_AT)
+    return float(stamp) if isinstance(stamp, int | float) else None
