@@ -62,7 +62,7 @@ class RabbitSender:
         self._priority = priority
         self._copy_to: list[FieldValue] | None = None if copy_to is None else [copy_to]
         self._stamp = 0
-        self._properties = self._stamped()
+        self._headers = self._stamped()
         self._redeclare = redeclare
         self._redeclaring: asyncio.Task[None] | None = None
         self._queue = queue
@@ -119,18 +119,21 @@ class RabbitSender:
         # messages go out in the order they were sent; close() waits (bounded) for them.
         return confirmation
 
-    def _stamped(self) -> spec.Basic.Properties:
-        """The properties of every message sent this second (built once a second)."""
+    def _stamped(self) -> dict[str, FieldValue]:
+        """The headers of every message sent this second (built once a second)."""
         self._stamp = int(time.time())
         headers: dict[str, FieldValue] = {SENT_AT: self._stamp}
         if self._copy_to is not None:
             headers["BCC"] = self._copy_to
-        return spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority, headers=headers)
+        return headers
 
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
         if time.time() - self._stamp >= 1.0:
-            self._properties = self._stamped()
-        properties = self._properties
+            self._headers = self._stamped()
+        # Properties of its own for each message: aiormq writes a message id into them.
+        properties = spec.Basic.Properties(
+            delivery_mode=PERSISTENT, priority=self._priority, headers=self._headers
+        )
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed

@@ -33,8 +33,9 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     payloads[777] = -1  # the handler raises for -1
     with truba.connect(cluster.address) as client:
         job = client.create_job(handler="tests.handlers.basic:square", importance=1.0)
-        # tasks, results, dead (made by the scheduler) and the client's marker, on both brokers
-        assert len(queues_of(job.id, rabbit_nodes)) == 8
+        # tasks, results, dead, the record (made by the scheduler) and the client's marker, on
+        # both brokers
+        assert len(queues_of(job.id, rabbit_nodes)) == 10
         began = time.perf_counter()
         outcomes = list(job.map(payloads))
         seconds = time.perf_counter() - began

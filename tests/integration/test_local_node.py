@@ -111,6 +111,9 @@ def test_kill9_and_restart_keep_a_confirmed_persistent_message(fresh_nodes: Fres
     # then after a restart on the same port, the confirmed message is still there.
     node.restart()
     assert node.url == url
+    deadline = time.monotonic() + 15  # queues are recovered just after the node answers AMQP
+    while node.list_queues() != {"durable-q": 1} and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert node.list_queues() == {"durable-q": 1}
     assert get_one(url, "durable-q") == b"survivor"
 
