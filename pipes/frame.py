@@ -372,6 +372,7 @@ class FrameListener:
         self.inner = inner
         self._requeue = requeue
         self._done = done
+        self._looking_up = False
         self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
         """Members received and not handed out yet, with when their frame arrived."""
         self._pull: asyncio.Task[bool] | None = None
@@ -401,6 +402,11 @@ class FrameListener:
             # asyncio.wait neither cancels the pull on timeout nor when this waiter is
             # cancelled: what the pull brings stays here for the next get.
             await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
+            if not pull.done() and self._looking_up:
+                # The pull holds a redelivered frame and is looking it up in the record (a
+                # bounded wait): its members come next, and must not go unseen by an owner
+                # that takes what is left before closing (it would return them redelivered).
+                await asyncio.wait((pull,))
             if self._ready:
                 return self._ready.popleft()[1]
             if not pull.done():
@@ -458,11 +464,14 @@ class FrameListener:
         members = self._split(delivery)
         if self._done is None or not delivery.redelivered or len(members) == 1:
             return members  # a lone message runs again, as any redelivered AMQP message would
+        self._looking_up = True
         try:
             done = set(await self._done(delivery, [member.message for member in members]))
         except Exception as exc:  # the record is an optimisation: without it, all run again
             log.warning("pipe.frame.record_failed", extra={"error": repr(exc)})
             return members
+        finally:
+            self._looking_up = False
         if done:
             log.info("pipe.frame.done_before", extra={"members": len(members), "done": len(done)})
         for i in sorted(done):

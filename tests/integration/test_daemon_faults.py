@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 from test_daemon_harness import FRAME, JobQueues, dump_logs, eventually, job_slots, scripted
 
-from truba.wire import TaskMessage
+from truba.pipes.frame import FrameLimits
+from truba.pipes.stacks import send_stack
+from truba.wire import TaskCodec, TaskMessage
 
 pytestmark = pytest.mark.integration
 HANDLER = "tests.handlers.faults:sleep_in_file"
@@ -142,7 +144,10 @@ async def test_a_frame_a_killed_daemon_had_half_done_runs_only_its_other_half(
         # still running when the daemon dies, with the results of t1..t3 confirmed.
         tasks = [TaskMessage(f"t{i}", [str(tmp_path / f"t{i}.runs"), 0.05]) for i in range(4)]
         tasks.append(TaskMessage("t4", [str(tmp_path / "t4.runs"), 30.0]))
-        await job.submit(*tasks)
+        # All to one broker (balance would split them over both, and the frames with them).
+        sender = send_stack(TaskCodec(), job.links[:1], job.tasks, frames=FrameLimits(max_messages=4))
+        await asyncio.gather(*[await sender.send(task) for task in tasks])
+        await sender.close()
         scheduler.assign("d-doomed", job_slots(job, "tests.handlers.faults:count_runs", 1))
         await eventually(lambda: (tmp_path / "t4.runs").exists(), what="t4 running")
         await job.collect(["t0", "t1", "t2", "t3"], timeout=10)
