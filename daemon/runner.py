@@ -59,6 +59,11 @@ ENDS_PER_SLOT = 64
 """Ends (results, requeues) a worker may leave awaiting their confirm before it waits: enough for
 a frame of results to form while the previous one is confirmed. Without frames the prefetch
 window bounds them anyway (an unacked delivery holds its place in it)."""
+CHUNK = 8
+"""Tasks of a frame a worker hands its slot in one write when they are short (see _take_more):
+one wake-up of the slot process for several tasks instead of one each."""
+CHUNK_BELOW = 0.002
+"""Tasks are short when their handler time averages under this (seconds, recent tasks)."""
 HOLD_LIMIT = 0.1
 """Seconds members of a frame may wait for a slot of this runner before they go back to the
 queue (see the module docstring)."""
@@ -149,6 +154,8 @@ class JobRunner:
         self._frames = unframing(pipes.tasks)
         """The unframe layer of the task listener (None: not a framing stack)."""
         self._quit_holding = asyncio.Event()
+        self._task_seconds: float | None = None
+        """Recent handler seconds per task (an EWMA; None until a task ended)."""
         """Stops that watcher between two hand-backs (cancelling it could cut one in half)."""
         self.failure: PipeError | None = None
         self.ends = TaskEnds(pipes, daemon_id, self.stats, self._broke)
@@ -277,15 +284,18 @@ class JobRunner:
                     await asyncio.wait_for(tasks.cancel(), self.stop_timeout)
                     log.debug("daemon.job.consumer_cancelled", extra={"job_id": self.job_id})
 
-    def _put_back_later(self, requeues: list[tuple[Delivery[TaskMessage], TaskMessage]]) -> None:
-        """Requeues interrupted tasks in the background, so that their slot goes to the new job
-        now instead of after consuming stopped (which the requeue waits for, see _requeue)."""
+    def _put_back_later(
+        self, requeues: list[tuple[Delivery[TaskMessage], TaskMessage]], reason: str = "preempted"
+    ) -> None:
+        """Requeues interrupted (or never started) tasks in the background, so that their slot
+        goes to the new job now instead of after consuming stopped (which the requeue waits for,
+        see _requeue)."""
 
         async def put_back() -> None:
             try:
                 for delivery, task in requeues:
                     with bind(task_id=task.task_id):
-                        await self._requeue(delivery, task, "preempted")
+                        await self._requeue(delivery, task, reason)
             except PipeClosed:
                 pass
             except PipeError as exc:
@@ -334,7 +344,11 @@ class JobRunner:
                     if delivery is None:
                         continue
                     if spec is None:
-                        await self._handle(worker, delivery)
+                        more = await self._take_more(worker)
+                        if more:
+                            await self._handle_chunk(worker, [delivery, *more])
+                        else:
+                            await self._handle(worker, delivery)
                         limit = max(1, self.target) * ENDS_PER_SLOT
                     else:
                         batch = await collect(self.pipes.tasks, delivery, spec, lambda: self._taken(worker))
@@ -382,6 +396,21 @@ class JobRunner:
             with contextlib.suppress(PipeError):  # a leaf gone under the resize applies it on reopen
                 await self.window.resize(max(self.window.size, max(1, self.target) * spec.max_size))
         return True
+
+    async def _take_more(self, worker: Worker) -> list[Delivery[TaskMessage]]:
+        """More members of a frame at hand, to run on this worker's slot after the one it took
+        (up to :data:`CHUNK` in all): only when tasks are short, and no more than this worker's
+        share of what is held, so that a frame still spreads over the free slots."""
+        short = self._task_seconds is not None and self._task_seconds < CHUNK_BELOW
+        if self._frames is None or not short or self._going(worker):
+            return []
+        more: list[Delivery[TaskMessage]] = []
+        for _ in range(min(CHUNK - 1, self._frames.held // (self._idle + 1))):
+            delivery = await self.pipes.tasks.get(0.0)
+            if delivery is None:
+                break
+            more.append(delivery)
+        return more
 
     async def _take(self, worker: Worker) -> Delivery[TaskMessage] | None:
         """The next delivery, or None on timeout or when the runner wakes this worker."""
@@ -462,6 +491,63 @@ class JobRunner:
         finally:
             self.stats.waiting -= 1
 
+    async def _handle_chunk(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+        runnable: list[tuple[Delivery[TaskMessage], int]] = []
+        for delivery in deliveries:
+            with bind(task_id=delivery.message.task_id):
+                spent = await self._admit(worker, delivery)
+            if spent is not None:
+                runnable.append((delivery, spent))
+        if len(runnable) == 1:
+            delivery, spent = runnable[0]
+            with bind(task_id=delivery.message.task_id):
+                await self._run(worker, delivery, delivery.message, spent)
+        elif runnable:
+            await self._run_chunk(worker, runnable)
+
+    async def _run_chunk(self, worker: Worker, runnable: list[tuple[Delivery[TaskMessage], int]]) -> None:
+        """One attempt of each task, the tasks handed to the slot in one write and run in order,
+        each under its own watch (timeout, memory, interrupt) from the previous one's reply.
+        When one ends without a reply, the slot is gone: the ones after it never started and go
+        back to the queue unspent."""
+        limits = Limits(self.settings.task_timeout, self.policy.memory_hard)
+        worker.busy, worker.started_at = True, time.monotonic()
+        worker.interrupt.clear()
+        self.stats.busy += 1
+        slot = worker.slot
+        ended = 0  # tasks whose attempt ended (replied or not)
+        replied = True
+        try:
+            handing = slot.send(self.handler, [(d.message.task_id, d.message.payload) for d, _ in runnable])
+            end, _ = await supervised(slot, handing, limits, worker.interrupt)
+            for delivery, spent in runnable:
+                task = delivery.message
+                with bind(task_id=task.task_id):
+                    log.debug("daemon.task.started", extra={"attempt": spent + 1, "pid": slot.pid})
+                    if end.ending is Ending.REPLIED:  # else the hand-over itself failed
+                        end, reply = await supervised(
+                            slot, slot.reply(task.task_id), limits, worker.interrupt
+                        )
+                        end = AttemptEnd(end.ending, end.seconds, reply, end.error)
+                    ended += 1
+                    if end.ending is not Ending.REPLIED:  # the slot is gone (and started afresh)
+                        replied = False
+                        await self._ended(delivery, task, end, spent)
+                        break
+                    await self._complete(delivery, task, end, spent + 1)
+        except BaseException:
+            if replied and ended < len(runnable):  # replies still due: no one else may read them
+                await asyncio.shield(slot.kill())
+            raise
+        finally:
+            worker.busy = False
+            self.stats.busy -= 1
+        if ended < len(runnable):
+            unstarted = [(d, _with(d.message, spent)) for d, spent in runnable[ended:]]
+            self._put_back_later(unstarted, "unstarted")
+        else:
+            await self._maybe_recycle(slot)
+
     async def _handle_batch(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
         runnable: list[tuple[Delivery[TaskMessage], int]] = []
         for delivery in deliveries:
@@ -523,10 +609,17 @@ class JobRunner:
         if end.ending is Ending.REPLIED:
             await self._complete(delivery, task, end, attempt)
             await self._maybe_recycle(worker.slot)
-        elif end.ending is Ending.INTERRUPTED:
+        else:
+            await self._ended(delivery, task, end, spent)
+
+    async def _ended(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, spent: int
+    ) -> None:
+        """An attempt that ended without a reply: interrupted (back, unspent) or failed."""
+        if end.ending is Ending.INTERRUPTED:
             self.stats.preempted += 1
             self._put_back_later([(delivery, _with(task, spent))])
-            log.info("daemon.task.preempted", extra={"attempt": attempt, "seconds": round(end.seconds, 3)})
+            log.info("daemon.task.preempted", extra={"attempt": spent + 1, "seconds": round(end.seconds, 3)})
         else:
             await self._failed(delivery, task, end, spent)
 
@@ -536,6 +629,8 @@ class JobRunner:
         reply = end.reply
         assert reply is not None
         self.stats.ran(end.seconds)
+        seconds = self._task_seconds
+        self._task_seconds = reply.seconds if seconds is None else seconds + (reply.seconds - seconds) / 8
         log.debug("daemon.task.finished", extra={"ok": reply.ok, "seconds": round(end.seconds, 6)})
         result = ResultMessage(
             task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
@@ -89,6 +90,29 @@ class SlotProcess:
         self.tasks_run += 1
         return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
 
+    async def send(self, handler: str, tasks: Sequence[tuple[str, object]]) -> None:
+        """Hands the slot several tasks (id, payload) in one write; it runs them in order and
+        replies to each as it ends: read the replies with :meth:`reply`, one per task, in order.
+
+        One write (one wake-up of the slot) for many short tasks instead of one each. The reply
+        still comes per task, so the task running when the slot dies or is killed is the first
+        one without a reply; the ones after it never started.
+
+        Raises:
+            SlotDied: the process exited (while running the first task, as far as anyone knows).
+        """
+        frames = [msgpack.packb([handler, task_id, payload], use_bin_type=True) for task_id, payload in tasks]
+        await self._write(
+            b"".join(HEADER.pack(len(frame)) + frame for frame in frames), f"task {tasks[0][0]}"
+        )
+
+    async def reply(self, task_id: str) -> SlotReply:
+        """The reply to the next task handed over by :meth:`send` (``task_id``); dies and
+        cancels like :meth:`run`."""
+        body = await self._read(f"task {task_id}")
+        self.tasks_run += 1
+        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+
     async def run_batch(self, handler: str, tasks: list[tuple[str, object]]) -> list[SlotReply]:
         """Runs a batch handler once over ``tasks`` (id, payload); one reply per task, in order.
 
@@ -116,24 +140,44 @@ class SlotProcess:
 
     async def _exchange(self, request: object, what: str) -> bytes:
         """Sends one request frame and reads its reply frame (starting the process if needed)."""
+        frame = msgpack.packb(request, use_bin_type=True)
+        await self._write(HEADER.pack(len(frame)) + frame, what)
+        return await self._read(what)
+
+    async def _write(self, data: bytes, what: str) -> None:
+        """Writes request frames (starting the process if needed); see :meth:`_read` for errors."""
         if not self.alive:
             await self.start()
         process = self._process
         assert process is not None
-        frame = msgpack.packb(request, use_bin_type=True)
         try:
-            process.stdin.write(HEADER.pack(len(frame)) + frame)
+            process.stdin.write(data)
             await process.stdin.drain()
-            header = await process.stdout.readexactly(HEADER.size)
-            (size,) = HEADER.unpack(header)
-            body: bytes = await process.stdout.readexactly(size)
-        except (asyncio.IncompleteReadError, ConnectionError, BrokenPipeError) as exc:
-            code = await self._reap()
-            raise SlotDied(f"slot {self.index} exited with {code} while running {what}") from exc
+        except (ConnectionError, BrokenPipeError) as exc:
+            raise await self._died(what) from exc
         except asyncio.CancelledError:
             await asyncio.shield(self.kill())
             raise
+
+    async def _read(self, what: str) -> bytes:
+        """Reads one reply frame. SlotDied if the process is gone; cancelled, kills it."""
+        process = self._process
+        if process is None:
+            raise SlotDied(f"slot {self.index} is not running ({what})")
+        try:
+            header = await process.stdout.readexactly(HEADER.size)
+            (size,) = HEADER.unpack(header)
+            body: bytes = await process.stdout.readexactly(size)
+        except (asyncio.IncompleteReadError, ConnectionError) as exc:
+            raise await self._died(what) from exc
+        except asyncio.CancelledError:  # a slot in the middle of a task cannot be reused
+            await asyncio.shield(self.kill())
+            raise
         return body
+
+    async def _died(self, what: str) -> SlotDied:
+        code = await self._reap()
+        return SlotDied(f"slot {self.index} exited with {code} while running {what}")
 
     def private_memory(self) -> int | None:
         """Bytes the process holds privately (USS), None if it is not running."""

@@ -35,10 +35,13 @@ def noisy(payload: object) -> object:
 
 
 def behave(payload: list[object]) -> object:
-    """``["ok", v]`` returns v, ``["raise", message]`` raises ValueError, ``["sleep", s]`` sleeps."""
+    """``["ok", v]`` returns v, ``["raise", message]`` raises ValueError, ``["sleep", s]`` sleeps,
+    ``["exit", code]`` ends the slot process at once."""
     what, arg = payload
     if what == "raise":
         raise ValueError(str(arg))
     if what == "sleep":
         time.sleep(float(arg))  # type: ignore[arg-type]
+    if what == "exit":
+        os._exit(int(arg))  # type: ignore[call-overload]
     return arg

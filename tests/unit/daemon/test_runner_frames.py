@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
@@ -79,3 +79,58 @@ async def test_members_held_behind_long_tasks_go_back_unspent_for_another_daemon
     await eventually(lambda: rig.wire.acked == [frame])  # run, handed back: the frame is settled
     await asyncio.sleep(0.2)
     assert [r.task_id for r in rig.results.sent] == ["long0"]
+
+
+def _count_sends(slot: SlotProcess) -> list[int]:
+    """Records how many tasks each hand-over to ``slot`` carried."""
+    sizes: list[int] = []
+    send = slot.send
+
+    async def counting(handler: str, tasks: Sequence[tuple[str, object]]) -> None:
+        sizes.append(len(tasks))
+        await send(handler, tasks)
+
+    slot.send = counting  # type: ignore[method-assign]
+    return sizes
+
+
+async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_outcome(
+    framed: list[Framed],
+) -> None:
+    rig = Framed(slots=1, handler="tests.handlers.basic:behave")
+    framed.append(rig)
+    sizes = _count_sends(rig.slots[0])
+    rig.push_frame(TaskMessage("warm", ["ok", 0]))  # one short task: the runner learns they are
+    await eventually(lambda: len(rig.results.sent) == 1, timeout=10)
+    assert sizes == []  # the first one ran alone
+    frame = rig.push_frame(
+        *(TaskMessage(f"t{i}", ["raise", "no"] if i == 5 else ["ok", i]) for i in range(20))
+    )
+    await eventually(lambda: len(rig.results.sent) == 21, timeout=10)
+    assert max(sizes) == 8 and sum(sizes) <= 20  # chunks of at most CHUNK, the rest alone
+    outcomes = {r.task_id: r for r in rig.results.sent}
+    assert [outcomes[f"t{i}"].value for i in range(20) if i != 5] == [i for i in range(20) if i != 5]
+    assert not outcomes["t5"].ok and outcomes["t5"].error is not None
+    assert outcomes["t5"].error.message == "no"
+    assert all(r.attempts == 1 for r in rig.results.sent)
+    await eventually(lambda: frame in rig.wire.acked)
+    assert rig.requeue.sent == []
+
+
+async def test_a_slot_dying_mid_chunk_spends_the_running_task_and_returns_the_rest_unspent(
+    framed: list[Framed],
+) -> None:
+    rig = Framed(slots=1, handler="tests.handlers.basic:behave")
+    framed.append(rig)
+    sizes = _count_sends(rig.slots[0])
+    rig.push_frame(TaskMessage("warm", ["ok", 0]))
+    await eventually(lambda: len(rig.results.sent) == 1, timeout=10)
+    tasks = [TaskMessage(f"t{i}", ["exit", 3] if i == 2 else ["ok", i]) for i in range(6)]
+    frame = rig.push_frame(*tasks)
+    await eventually(lambda: len(rig.results.sent) + len(rig.requeue.sent) == 7, timeout=10)
+    assert sizes[0] == 6  # all six handed over in one write
+    assert sorted(r.task_id for r in rig.results.sent) == ["t0", "t1", "warm"]
+    back = {t.task_id: t.attempts for t in rig.requeue.sent}
+    # t2 killed its slot: one attempt spent; t3..t5 never started: unspent.
+    assert back == {"t2": 1, "t3": 0, "t4": 0, "t5": 0}
+    await eventually(lambda: frame in rig.wire.acked)
