@@ -491,13 +491,20 @@ class JobRunner:
         finally:
             self.stats.waiting -= 1
 
-    async def _handle_chunk(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+    async def _admit_all(
+        self, worker: Worker, deliveries: list[Delivery[TaskMessage]]
+    ) -> list[tuple[Delivery[TaskMessage], int]]:
+        """The deliveries to run now, each with the attempts it has spent (see _admit)."""
         runnable: list[tuple[Delivery[TaskMessage], int]] = []
         for delivery in deliveries:
             with bind(task_id=delivery.message.task_id):
                 spent = await self._admit(worker, delivery)
             if spent is not None:
                 runnable.append((delivery, spent))
+        return runnable
+
+    async def _handle_chunk(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+        runnable = await self._admit_all(worker, deliveries)
         if len(runnable) == 1:
             delivery, spent = runnable[0]
             with bind(task_id=delivery.message.task_id):
@@ -549,12 +556,7 @@ class JobRunner:
             await self._maybe_recycle(slot)
 
     async def _handle_batch(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
-        runnable: list[tuple[Delivery[TaskMessage], int]] = []
-        for delivery in deliveries:
-            with bind(task_id=delivery.message.task_id):
-                spent = await self._admit(worker, delivery)
-            if spent is not None:
-                runnable.append((delivery, spent))
+        runnable = await self._admit_all(worker, deliveries)
         if runnable:
             await self._run_batch(worker, runnable)
 
