@@ -53,6 +53,8 @@ PROGRESS_KEEPALIVE = 5.0
 report towards the job's demand only while it is recent."""
 RESEND_CHUNK = 1000
 """Tasks read back from the journal at a time when sending many again."""
+ACK_BATCH = 64
+"""Outcomes taken at most before their results are acked (sooner when no more are at hand)."""
 MAP_WINDOW = 1000
 """Tasks :meth:`Job.map` keeps submitted and not yet yielded, by default."""
 
@@ -108,6 +110,8 @@ class Job:
         self._cancelled = False
         self._detached = False
         self._consumer: asyncio.Task[None] | None = None
+        self._taken: list[Delivery[ResultMessage]] = []
+        """Results whose outcomes were taken (or dropped as duplicates), not acked yet."""
         self._progress_wake = asyncio.Event()
         self._progress: asyncio.Task[None] | None = None
         self._watch = LossWatch(links, marker, self._broker_lost, job_id=info.id, known=resumed)
@@ -345,7 +349,9 @@ class Job:
         """Yields one outcome per task, in arrival order, until the job is done.
 
         An outcome counts as taken when the consumer asks for the next one (or ends the loop
-        normally): only then does the journal forget its task and is its result message acked.
+        normally): only then does the journal forget its task. Results are acked in batches
+        once their outcomes are taken and forgotten on disk: when no more are at hand, after
+        :data:`ACK_BATCH` of them, and when the iteration ends.
         A consumer that stops at an outcome by raising, or by closing the iterator, puts that
         outcome back: it comes again, here or after :meth:`Client.resume`. Ends when the job is
         closed and every submitted task has its outcome; the scheduler then deletes the job's
@@ -354,37 +360,42 @@ class Job:
         If the job is cancelled (here or by another client), every task without an outcome
         gets a cancelled one (:attr:`Outcome.cancelled`) and the iteration ends.
         """
-        last_poll = time.monotonic()
-        while not self.done and not self._cancelled:
-            try:
-                delivery = await self._results.get(0.5)
-            except PipeClosed:
-                if self._cancelled:  # cancel() closed the pipe under us: cancelled outcomes follow
-                    break
-                raise
-            if delivery is None:
-                if time.monotonic() - last_poll > STATE_POLL_SECONDS:
-                    last_poll = time.monotonic()
-                    await self._check_state()
-                continue
-            message = delivery.message
-            if message.task_id not in self._journal:
-                log.info("client.result.duplicate", extra={"job_id": self.id, "task_id": message.task_id})
-                await _ack(delivery)
-                continue
-            if self._sizer is not None and not message.gave_up:
-                self._sizer.observe(message.seconds)
-            taken = False
-            try:
-                yield Outcome.from_message(message)
-                taken = True
-            finally:
-                if taken:
-                    await self._take(delivery)
-                else:  # the consumer raised or closed us at this outcome: it comes again
-                    log.info("client.result.put_back", extra={"job_id": self.id, "task_id": message.task_id})
-                    with contextlib.suppress(PipeError):
-                        await delivery.reject(requeue=True)
+        try:
+            last_poll = time.monotonic()
+            while not self.done and not self._cancelled:
+                try:
+                    delivery = await self._next_result()
+                except PipeClosed:
+                    if self._cancelled:  # cancel() closed the pipe under us: cancelled outcomes follow
+                        break
+                    raise
+                if delivery is None:
+                    if time.monotonic() - last_poll > STATE_POLL_SECONDS:
+                        last_poll = time.monotonic()
+                        await self._check_state()
+                    continue
+                message = delivery.message
+                if message.task_id not in self._journal:
+                    log.info("client.result.duplicate", extra={"job_id": self.id, "task_id": message.task_id})
+                    self._taken.append(delivery)
+                    continue
+                if self._sizer is not None and not message.gave_up:
+                    self._sizer.observe(message.seconds)
+                taken = False
+                try:
+                    yield Outcome.from_message(message)
+                    taken = True
+                finally:
+                    if taken:
+                        await self._take(delivery)
+                    else:  # the consumer raised or closed us at this outcome: it comes again
+                        log.info(
+                            "client.result.put_back", extra={"job_id": self.id, "task_id": message.task_id}
+                        )
+                        with contextlib.suppress(PipeError):
+                            await delivery.reject(requeue=True)
+        finally:
+            await self._ack_taken()
         if self._cancelled:
             for task_id in self._journal.outstanding():
                 self._journal.settle(task_id)
@@ -392,13 +403,34 @@ class Job:
             return
         await self._finish()
 
+    async def _next_result(self) -> Delivery[ResultMessage] | None:
+        """The next result, waiting up to half a second; the results taken are acked first
+        when none is at hand (and at most :data:`ACK_BATCH` of them wait to be)."""
+        if self._taken:
+            delivery = await self._results.get(0.0)
+            if delivery is not None:
+                return delivery
+            await self._ack_taken()
+        return await self._results.get(0.5)
+
     async def _take(self, delivery: Delivery[ResultMessage]) -> None:
-        """The application took this outcome: the journal forgets its task (on disk first),
-        then the result is acked. A crash in between brings the result back as a duplicate."""
+        """The application took this outcome: the journal forgets its task; its result is
+        acked with the next batch (:meth:`_ack_taken`)."""
         self._journal.settle(delivery.message.task_id)
-        self._journal.flush()
         self._progressed()
-        await _ack(delivery)
+        self._taken.append(delivery)
+        if len(self._taken) >= ACK_BATCH:
+            await self._ack_taken()
+
+    async def _ack_taken(self) -> None:
+        """Writes the journal's forget marks of the outcomes taken, then acks their results. A
+        crash in between brings those results back as duplicates, which are dropped."""
+        if not self._taken:
+            return
+        self._journal.flush()
+        taken, self._taken = self._taken, []
+        for delivery in taken:
+            await _ack(delivery)
 
     async def _check_state(self) -> None:
         try:
@@ -592,6 +624,7 @@ class Job:
         self._detached = True
         await self._stop_progress()
         await self._watch.stop()
+        await self._ack_taken()
         await self._settle_confirms()
         with contextlib.suppress(PipeError):
             await self._tasks.close()

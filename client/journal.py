@@ -22,6 +22,7 @@ only to be sent again.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -40,6 +41,8 @@ SEGMENT_BYTES: Final = 64 * 1024 * 1024
 _KEY: Final = struct.Struct("<H")
 _SEQ: Final = struct.Struct("<Q")
 WITHDRAWN_FILE: Final = "withdrawn.json"
+_PENDING: Final = -1
+"""A confirm mark not written yet (see :meth:`Journal.confirmed`)."""
 
 
 @dataclass(slots=True)
@@ -47,7 +50,8 @@ class _Entry:
     seq: int
     """The task record's seq."""
     mark: int | None = None
-    """The confirm record's seq; None while no broker has confirmed the task."""
+    """The confirm record's seq (``_PENDING`` until written); None while no broker has
+    confirmed the task."""
 
 
 @final
@@ -65,6 +69,8 @@ class Journal:
         self._confirms = confirms
         self._commit = Committer(tasks, fsync)
         self._entries: dict[str, _Entry] = {}
+        self._marking: list[str] = []
+        """Tasks confirmed whose marks are not written yet."""
         self._withdrawn = 0
         self._closed = False
 
@@ -137,15 +143,40 @@ class Journal:
     def confirmed(self, task_id: str) -> None:
         """A broker confirmed the task: after a crash it is waited for, not sent again.
 
-        A mark that cannot be written only costs a duplicate after a crash.
+        The mark is written soon after, with the marks of every task confirmed meanwhile (one
+        write: a frame's confirm confirms all its tasks at once), or by :meth:`flush`. A mark
+        not written (a crash first, or a disk error) only costs a duplicate after a crash.
         """
         entry = self._entries.get(task_id)
         if entry is None or entry.mark is not None or self._closed:
             return
+        entry.mark = _PENDING
+        self._marking.append(task_id)
+        if len(self._marking) == 1:
+            try:
+                asyncio.get_running_loop().call_soon(self._write_marks)
+            except RuntimeError:  # no event loop: write it now
+                self._write_marks()
+
+    def _write_marks(self) -> None:
+        """Writes the pending confirm marks (of the tasks still outstanding), in one write."""
+        marking, self._marking = self._marking, []
+        entries = [
+            entry
+            for task_id in dict.fromkeys(marking)
+            if (entry := self._entries.get(task_id)) is not None and entry.mark == _PENDING
+        ]
+        if not entries or self._closed:
+            return
         try:
-            entry.mark = self._confirms.append(_SEQ.pack(entry.seq))
+            seqs = self._confirms.append_many([_SEQ.pack(entry.seq) for entry in entries])
         except SpoolError as exc:
-            log.warning("client.journal.mark_failed", extra={"task_id": task_id, "error": str(exc)})
+            log.warning("client.journal.mark_failed", extra={"tasks": len(entries), "error": str(exc)})
+            for entry in entries:
+                entry.mark = None
+            return
+        for entry, seq in zip(entries, seqs, strict=True):
+            entry.mark = seq
 
     def unmark(self, task_ids: Iterable[str]) -> None:
         """These tasks are to be sent again (their broker was lost): until confirmed anew, a
@@ -153,7 +184,8 @@ class Journal:
         for task_id in task_ids:
             entry = self._entries.get(task_id)
             if entry is not None and entry.mark is not None:
-                self._confirms.forget(entry.mark)
+                if entry.mark != _PENDING:
+                    self._confirms.forget(entry.mark)
                 entry.mark = None
         self._confirms.flush_forgets()
 
@@ -164,13 +196,14 @@ class Journal:
         if entry is None:
             return False
         self._tasks.forget(entry.seq)
-        if entry.mark is not None:
+        if entry.mark is not None and entry.mark != _PENDING:
             self._confirms.forget(entry.mark)
         return True
 
     def flush(self) -> None:
-        """Writes the forget marks of settled tasks (one write per segment; no fsync: a lost
-        mark costs at most a duplicate outcome, which is dropped by task id)."""
+        """Writes the pending confirm marks, then the forget marks of settled tasks (one write
+        per segment; no fsync: a lost mark costs at most a duplicate, dropped by task id)."""
+        self._write_marks()
         self._tasks.flush_forgets()
         self._confirms.flush_forgets()
 
@@ -201,6 +234,7 @@ class Journal:
         """Like :meth:`close`, without waiting for a pending fsync."""
         if self._closed:
             return
+        self._write_marks()
         self._closed = True
         self._tasks.close()
         self._confirms.close()

@@ -36,7 +36,7 @@ import secrets
 import shutil
 import struct
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final, final
@@ -57,6 +57,8 @@ segment was deleted."""
 MAX_RECORD: Final = 1 << 30
 """Longest payload accepted; a longer length field in a record is treated as corruption."""
 _FULL_ERRNOS: Final = frozenset({errno.ENOSPC, errno.EDQUOT})
+_MAX_PARTS: Final = 1024
+"""Buffers in one ``writev`` at most (Linux's IOV_MAX): two per record."""
 
 
 class SpoolError(PipeError):
@@ -71,12 +73,12 @@ class SpoolLocked(SpoolError):
     """Another process (or another SpoolSender in this one) owns the spool directory."""
 
 
-def write_all(fd: int, header: bytes, payload: bytes) -> None:
-    """Appends ``header + payload`` with one ``writev`` (more only after a short write)."""
-    total = len(header) + len(payload)
-    written = os.writev(fd, (header, payload))
+def write_all(fd: int, *parts: bytes) -> None:
+    """Appends ``parts`` with one ``writev`` (more only after a short write)."""
+    total = sum(len(part) for part in parts)
+    written = os.writev(fd, parts)
     if written < total:  # a short write: usually the disk filling up; the next write says why
-        rest = (header + payload)[written:]
+        rest = b"".join(parts)[written:]
         while rest:
             rest = rest[os.write(fd, rest) :]
 
@@ -196,19 +198,46 @@ class SpoolLog:
 
     def append(self, data: bytes) -> int:
         """Writes one record (one syscall, no fsync) and returns its seq."""
+        return self.append_many((data,))[0]
+
+    def append_many(self, records: Sequence[bytes]) -> list[int]:
+        """Writes records in order, with one syscall per run of them that fits in a segment
+        (no fsync), and returns their seqs.
+
+        If a write fails, the runs written before it stay appended: at most one segment
+        rotation's worth, which an owner batching marks (not messages) can ignore.
+        """
         if self.sync_error is not None:
             raise self.sync_error
-        if len(data) > MAX_RECORD:
-            raise SpoolError(f"spool {self.directory}: a {len(data)}-byte message exceeds {MAX_RECORD}")
-        need = RECORD_HEADER.size + len(data)
+        for data in records:
+            if len(data) > MAX_RECORD:
+                raise SpoolError(f"spool {self.directory}: a {len(data)}-byte message exceeds {MAX_RECORD}")
+        seqs: list[int] = []
+        start = 0
+        while start < len(records):
+            start = self._append_run(records, start, seqs)
+        return seqs
+
+    def _append_run(self, records: Sequence[bytes], start: int, seqs: list[int]) -> int:
+        """Appends ``records[start:]`` while they fit in the active segment (rotating first if
+        the first one does not), with one write; returns the index after the last one written."""
+        need = RECORD_HEADER.size + len(records[start])
         segment = self._active
         if segment is None or (segment.size + need > self.segment_bytes and segment.records):
             segment = self._rotate()
-        seq = self._next_seq
-        crc = zlib.crc32(data, zlib.crc32(_LEN_SEQ.pack(len(data), seq)))
+        parts: list[bytes] = []
+        size, seq, end = segment.size, self._next_seq, start
+        while end < len(records) and len(parts) < _MAX_PARTS:
+            data = records[end]
+            need = RECORD_HEADER.size + len(data)
+            if end > start and size + need > self.segment_bytes:
+                break
+            crc = zlib.crc32(data, zlib.crc32(_LEN_SEQ.pack(len(data), seq)))
+            parts += (RECORD_HEADER.pack(len(data), crc, seq), data)
+            size, seq, end = size + need, seq + 1, end + 1
         assert segment.fd is not None
         try:
-            write_all(segment.fd, RECORD_HEADER.pack(len(data), crc, seq), data)
+            write_all(segment.fd, *parts)
         except OSError as exc:
             # A partial record must stay the segment's last: cut it off if we can, and seal the
             # segment either way, so later records go to a fresh one.
@@ -217,13 +246,14 @@ class SpoolLog:
             except OSError:
                 pass
             self._seal(segment)
-            raise self._write_error("append", exc, len(data)) from exc
-        self._next_seq = seq + 1
-        segment.size += need
-        segment.records += 1
-        segment.live += 1
-        segment.last = seq
-        return seq
+            raise self._write_error("append", exc, sum(map(len, records[start:end]))) from exc
+        seqs.extend(range(self._next_seq, seq))
+        segment.records += seq - self._next_seq
+        segment.live += seq - self._next_seq
+        self._next_seq = seq
+        segment.size = size
+        segment.last = seq - 1
+        return end
 
     def sync(self) -> None:
         """fdatasyncs the active segment now (on the caller's thread)."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -42,6 +44,48 @@ async def test_a_task_stays_until_settled_and_confirmed_ones_are_not_sent_again(
     assert again.unconfirmed() == ["t3", "t4"]  # sent again at resume; t1, t2 are awaited
     assert again.load(["t4", "t1", "t0"]) == {"t4": b"payload 4", "t1": b"payload 1"}
     assert again.recorded == 5 and len(again) == 4
+    await again.close()
+
+
+async def test_confirm_marks_are_written_together_once_the_loop_turns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    for i in range(6):
+        await journal.record(f"t{i}", b"x")
+    writes: list[int] = []
+    append_many = journal._confirms.append_many
+
+    def counting(records: Sequence[bytes]) -> list[int]:
+        writes.append(len(records))
+        return append_many(records)
+
+    monkeypatch.setattr(journal._confirms, "append_many", counting)
+    for i in range(5):  # a frame's confirm confirms all its tasks at once
+        journal.confirmed(f"t{i}")
+    assert journal.unconfirmed() == ["t5"] and writes == []  # confirmed now, on disk soon
+    journal.settle("t4")  # its outcome came first: its mark is never written
+    await asyncio.sleep(0)
+    assert writes == [4]
+    journal.confirmed("t5")
+    journal.flush()  # writes what is pending at once
+    assert writes == [4, 1]
+    crash(journal)
+    again = Journal.open(tmp_path / "j")
+    assert again.outstanding() == ["t0", "t1", "t2", "t3", "t5"] and again.unconfirmed() == []
+    await again.close()
+
+
+async def test_a_pending_mark_is_written_at_close_and_dropped_by_unmark(tmp_path: Path) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    await journal.record("t0", b"x")
+    await journal.record("t1", b"y")
+    journal.confirmed("t0")
+    journal.confirmed("t1")
+    journal.unmark(["t1"])  # its broker was lost before the mark was written
+    await journal.close()
+    again = Journal.open(tmp_path / "j")
+    assert again.unconfirmed() == ["t1"]
     await again.close()
 
 

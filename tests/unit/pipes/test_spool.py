@@ -60,9 +60,9 @@ def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
     happened: list[tuple[str, bytes]] = []
     write_all, fdatasync = spool_log.write_all, os.fdatasync
 
-    def recording_write(fd: int, header: bytes, payload: bytes) -> None:
-        write_all(fd, header, payload)
-        happened.append(("write", payload))
+    def recording_write(fd: int, *parts: bytes) -> None:
+        write_all(fd, *parts)
+        happened.append(("write", b"".join(parts[1::2])))  # headers and payloads alternate
 
     def recording_fdatasync(fd: int) -> None:
         fdatasync(fd)
@@ -269,8 +269,8 @@ async def test_a_full_disk_is_a_clear_error_and_nothing_is_sent_or_dropped(
     await sender.send(b"before")
     real_write = spool_log.write_all
 
-    def half_then_enospc(fd: int, header: bytes, payload: bytes) -> None:
-        os.write(fd, (header + payload)[:5])  # a short write, then the disk is full
+    def half_then_enospc(fd: int, *parts: bytes) -> None:
+        os.write(fd, b"".join(parts)[:5])  # a short write, then the disk is full
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(spool_log, "write_all", half_then_enospc)
@@ -426,3 +426,26 @@ async def test_torn_or_foreign_forget_marks_forget_nothing(tmp_path: Path) -> No
     again: FakeSender[bytes] = FakeSender()
     await (await SpoolSender.open(again, tmp_path)).close()
     assert again.sent == [b"b", b"c"]
+
+
+def test_append_many_writes_one_run_per_segment_and_recovers_in_order(
+    tmp_path: Path, events: list[tuple[str, bytes]]
+) -> None:
+    log = spool_log.SpoolLog.open(tmp_path, durable=False, segment_bytes=200)
+    records = [f"record {i}".encode() * 3 for i in range(8)]  # 42 bytes each with its header
+    assert log.append_many(records) == list(range(8))
+    writes = [payload for kind, payload in events if kind == "write" and payload]
+    assert len(writes) == 2 and log.segment_count == 2  # 4 fit in the first 200-byte segment
+    assert log.append_many([]) == [] and log.append(b"one more") == 8
+    log.close()
+    again = spool_log.SpoolLog.open(tmp_path, durable=False, segment_bytes=200)
+    assert again.recovered == [*enumerate(records), (8, b"one more")]
+    again.close()
+
+
+def test_append_many_refuses_an_oversized_record_before_writing_any(tmp_path: Path) -> None:
+    log = spool_log.SpoolLog.open(tmp_path, durable=False, segment_bytes=1 << 20)
+    with pytest.raises(SpoolError, match="exceeds"):
+        log.append_many([b"fine", b"x" * (spool_log.MAX_RECORD + 1)])
+    assert log.next_seq == 0
+    log.close()
