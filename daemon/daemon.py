@@ -373,6 +373,7 @@ class Daemon:
             done = DoneRecord(
                 self._links, job.record.name, result_key=_task_id_of_result, member_key=_task_id_of_task
             )
+        result_frames = FrameLimits() if job.settings.frames else None
         return JobPipes(
             tasks=listen_stack(
                 TaskCodec(),
@@ -389,10 +390,11 @@ class Daemon:
                 job.results_queue,
                 role="results",
                 options=SendOptions(copy_to=job.record),
-                frames=FrameLimits() if job.settings.frames else None,
+                frames=result_frames,
             ),
             requeue=RouteSender(lambda task: task.priority, functools.partial(self._requeue_stack, job)),
             dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
+            result_frames=result_frames,
         )
 
 

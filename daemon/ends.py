@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from truba.daemon.stats import JobStats
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame import FrameLimits
 from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,8 @@ class JobPipes:
     results: Sender[ResultMessage]
     requeue: Sender[TaskMessage]
     dead: Sender[GaveUpRecord]
+    result_frames: FrameLimits | None = None
+    """The limits of the results' frames (None: results go one per message)."""
 
     async def close(self) -> None:
         """Closes all four (the senders wait, bounded, for outstanding confirms)."""

@@ -108,6 +108,8 @@ class Worker:
     started_at: float = 0.0
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     interrupt: Interrupt = field(default_factory=Interrupt)
+    holds_results: bool = False
+    """Its results wait for frames instead of going out alone (see :meth:`JobRunner._hold_results`)."""
 
 
 class JobRunner:
@@ -346,9 +348,13 @@ class JobRunner:
                     if spec is None:
                         more = await self._take_more(worker)
                         if more:
+                            self._hold_results(worker, True)
                             await self._handle_chunk(worker, [delivery, *more])
                         else:
                             await self._handle(worker, delivery)
+                        self._hold_results(
+                            worker, bool(more) and self._frames is not None and self._frames.held > 0
+                        )
                         limit = max(1, self.target) * ENDS_PER_SLOT
                     else:
                         batch = await collect(self.pipes.tasks, delivery, spec, lambda: self._taken(worker))
@@ -366,8 +372,22 @@ class JobRunner:
                 raise
             finally:
                 log.debug("daemon.worker.left")
+                self._hold_results(worker, False)
                 del self._workers[worker]
                 self.release(worker.slot)
+
+    def _hold_results(self, worker: Worker, hold: bool) -> None:
+        """A worker running chunks of short tasks, with more in hand, holds results back from
+        going out alone: the chunks' results then share frames (up to the frames' max_delay).
+        Released when its chunks run out, so a lone task's result goes at once."""
+        frames = self.pipes.result_frames
+        if frames is None or worker.holds_results == hold:
+            return
+        worker.holds_results = hold
+        if hold:
+            frames.hold()
+        else:
+            frames.release()
 
     def _taken(self, worker: Worker) -> bool:
         """The worker should stop collecting a batch: it leaves or is being interrupted."""

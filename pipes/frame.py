@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
@@ -85,10 +86,43 @@ class FrameLimits:
     max_bytes: int = 256 * 1024
     max_delay: float = 0.005
     eager: int = 1
+    _holds: int = field(default=0, init=False, repr=False, compare=False)
+    _on_release: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.max_messages < 1 or self.max_bytes < 1 or self.max_delay < 0 or self.eager < 0:
             raise ValueError("frame limits: max_messages, max_bytes >= 1; max_delay, eager >= 0")
+
+    @property
+    def holding(self) -> bool:
+        """Some owner holds messages back (:meth:`hold`): none goes out alone."""
+        return self._holds > 0
+
+    def hold(self) -> None:
+        """Until the matching :meth:`release`, every message waits for a frame (up to
+        ``max_delay``, as under load) instead of going out alone. For an owner that knows more
+        messages follow within moments (a daemon running chunks of short tasks): they then
+        share frames from the first one on."""
+        self._holds += 1
+
+    def release(self) -> None:
+        """Ends a :meth:`hold`. When the last one ends, what was gathered goes out at once,
+        unless frames are in flight (then it waits as under load)."""
+        self._holds = max(0, self._holds - 1)
+        if not self._holds:
+            for released in list(self._on_release):
+                released()
+
+    def on_release(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Calls ``callback`` whenever the last :meth:`hold` is released; returns what
+        unregisters it."""
+        self._on_release.append(callback)
+        return functools.partial(_discard, self._on_release, callback)
+
+
+def _discard(callbacks: list[Callable[[], None]], callback: Callable[[], None]) -> None:
+    with contextlib.suppress(ValueError):
+        callbacks.remove(callback)
 
 
 @dataclass(slots=True)
@@ -111,6 +145,7 @@ class FrameSender:
             raise ValueError(f"frame: max_unconfirmed must be >= 1, got {max_unconfirmed}")
         self.inner = inner
         self.limits = limits or FrameLimits()
+        self._unregister = self.limits.on_release(self._released)
         self._max_unconfirmed = max_unconfirmed
         self._outstanding = 0
         """Messages gathered or in flight (failed ones are not: they wait to be re-sent)."""
@@ -146,7 +181,9 @@ class FrameSender:
                 raise PipeClosed("frame sender is closed")
         limits = self.limits
         pending = self._pending
-        if not pending.messages and (len(self._in_flight) < limits.eager or limits.max_messages == 1):
+        if not pending.messages and (
+            limits.max_messages == 1 or (len(self._in_flight) < limits.eager and not limits.holding)
+        ):
             return await self._send_alone(message)  # quiet: no waiting, no frame
         if pending.messages and pending.size + len(message) > limits.max_bytes:
             self._flush_soon()  # the frame would grow past its byte cap: it goes first
@@ -193,6 +230,7 @@ class FrameSender:
         if self._closed:
             return
         self._closed = True
+        self._unregister()
         self._cancel_timer()
         self._room.set()  # waiting senders raise PipeClosed
         log.info(
@@ -213,14 +251,21 @@ class FrameSender:
             self._timer.cancel()
             self._timer = None
 
+    def _released(self) -> None:
+        """The owners' last hold ended: what was gathered goes out now if no frame is in
+        flight (as a lone message would), else it waits as under load."""
+        if len(self._in_flight) < self.limits.eager:
+            self._flush_soon()
+
     def _flush_soon(self) -> None:
         """Sends what is gathered, from a task of its own (see :meth:`send`)."""
         self._cancel_timer()
+        if not self._pending.messages:
+            return
         pending, self._pending = self._pending, _Pending()
-        if pending.messages:
-            task = asyncio.get_running_loop().create_task(self._hand_quietly(pending))
-            self._flushing.add(task)
-            task.add_done_callback(self._flushing.discard)
+        task = asyncio.get_running_loop().create_task(self._hand_quietly(pending))
+        self._flushing.add(task)
+        task.add_done_callback(self._flushing.discard)
 
     async def _hand_quietly(self, pending: _Pending) -> None:
         with contextlib.suppress(PipeError):  # the members' confirmations carry the error

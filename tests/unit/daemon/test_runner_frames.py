@@ -11,7 +11,8 @@ from tests.waiting import eventually
 from truba.daemon.ends import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.slots import SlotProcess
-from truba.pipes.frame import FrameListener, pack
+from truba.pipes.base import Confirmation
+from truba.pipes.frame import FrameLimits, FrameListener, pack
 from truba.pipes.serialize import DeserializeListener
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
@@ -19,16 +20,30 @@ from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 CODEC = TaskCodec()
 
 
+class HoldWatch(FakeSender[ResultMessage]):
+    """Results, each noted with whether the results' frames were held when it was sent."""
+
+    def __init__(self, limits: FrameLimits) -> None:
+        super().__init__(auto_confirm=True)
+        self.limits = limits
+        self.held: dict[str, bool] = {}
+
+    async def send(self, message: ResultMessage) -> Confirmation:
+        self.held[message.task_id] = self.limits.holding
+        return await super().send(message)
+
+
 class Framed:
     """A runner (of ``handler``, one that sleeps its payload's seconds) whose task pipe carries frames."""
 
     def __init__(self, slots: int, handler: str = "tests.handlers.basic:sleep") -> None:
         self.wire: FakeListener[bytes] = FakeListener()
-        self.results: FakeSender[ResultMessage] = FakeSender(auto_confirm=True)
+        self.result_frames = FrameLimits()
+        self.results = HoldWatch(self.result_frames)
         self.requeue: FakeSender[TaskMessage] = FakeSender(auto_confirm=True)
         dead: FakeSender[GaveUpRecord] = FakeSender(auto_confirm=True)
         tasks = DeserializeListener(FrameListener(self.wire), CODEC)
-        pipes = JobPipes(tasks, self.results, self.requeue, dead)
+        pipes = JobPipes(tasks, self.results, self.requeue, dead, result_frames=self.result_frames)
         self.runner = JobRunner("j1", handler, "d1", pipes, lambda slot: None, target=slots)
         self.slots = [SlotProcess(i) for i in range(slots)]
         for slot in self.slots:
@@ -115,6 +130,9 @@ async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_ou
     assert all(r.attempts == 1 for r in rig.results.sent)
     await eventually(lambda: frame in rig.wire.acked)
     assert rig.requeue.sent == []
+    # Results of chunks with more members in hand wait for frames; a lone task's goes alone.
+    assert not rig.results.held["warm"] and sum(rig.results.held.values()) >= 8
+    assert not rig.result_frames.holding  # every hold was released with the last chunk
 
 
 async def test_a_slot_dying_mid_chunk_spends_the_running_task_and_returns_the_rest_unspent(

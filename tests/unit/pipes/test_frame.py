@@ -65,6 +65,34 @@ async def test_a_full_frame_goes_at_once_and_a_gathering_one_waits_for_max_delay
     assert inner.sent[-1] == b"g"
 
 
+async def test_while_held_no_message_goes_alone_and_the_last_release_sends_them() -> None:
+    limits = FrameLimits(max_delay=10.0)
+    inners: list[FakeSender[bytes]] = [FakeSender(), FakeSender()]
+    senders = [FrameSender(inner, limits) for inner in inners]  # two brokers' leaves
+    limits.hold()
+    limits.hold()  # two workers run chunks
+    await senders[0].send(b"a")  # nothing in flight, yet it waits for a frame
+    await senders[0].send(b"b")
+    await senders[1].send(b"c")
+    limits.release()
+    await _turn()
+    assert inners[0].sent == inners[1].sent == [] and limits.holding
+    limits.release()  # the last hold: nothing in flight, so the gathered frames go now
+    await _turn()
+    assert inners[0].sent == [pack([b"a", b"b"])] and inners[1].sent == [b"c"] and not limits.holding
+    await senders[0].send(b"d")  # a frame in flight: a release leaves the next one gathering
+    limits.hold()
+    limits.release()
+    await _turn()
+    assert len(inners[0].sent) == 1
+    await senders[0].close()  # sends what it gathered; a release no longer reaches it
+    assert inners[0].sent[-1] == b"d" and limits._on_release == [senders[1]._released]
+    inners[1].confirm()
+    await _turn()
+    await senders[1].send(b"e")  # not held any more, nothing in flight: alone, at once
+    assert inners[1].sent[-1] == b"e"
+
+
 async def test_a_failed_frame_fails_every_member_and_keeps_them_unconfirmed() -> None:
     inner: FakeSender[bytes] = FakeSender()
     sender = FrameSender(inner, FrameLimits(max_messages=2))
