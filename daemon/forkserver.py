@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, final
 
 from truba.daemon.launch import Launcher, SlotHandle, Spawn, spawn_python
+from truba.daemon.replies import ReplyReader, reply_reader
 from truba.daemon.template import MESSAGE
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class ForkedSlot:
     """A slot forked by a template: watched by pidfd, its exit code reported by the template."""
 
     def __init__(
-        self, pid: int, template: Template, stdin: asyncio.StreamWriter, stdout: asyncio.StreamReader
+        self, pid: int, template: Template, stdin: asyncio.StreamWriter, stdout: ReplyReader
     ) -> None:
         self.pid = pid
         self.stdin = stdin
@@ -175,10 +176,7 @@ class Template:
                 os.close(stdout_r)
                 raise
             self.children.add(pid)
-        reader = asyncio.StreamReader()
-        await loop.connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(stdout_r, "rb", 0)
-        )
+        reader = await reply_reader(stdout_r)
         protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
         transport, _ = await loop.connect_write_pipe(lambda: protocol, os.fdopen(stdin_w, "wb", 0))
         writer = asyncio.StreamWriter(transport, protocol, None, loop)

@@ -15,6 +15,8 @@ import sys
 import warnings
 from typing import Protocol, final
 
+from truba.daemon.replies import ReplyReader, reply_reader
+
 
 class SlotHandle(Protocol):
     """One running slot process, whoever started it."""
@@ -26,7 +28,7 @@ class SlotHandle(Protocol):
     def stdin(self) -> asyncio.StreamWriter: ...
 
     @property
-    def stdout(self) -> asyncio.StreamReader: ...
+    def stdout(self) -> ReplyReader: ...
 
     @property
     def returncode(self) -> int | None:
@@ -88,11 +90,11 @@ class SpawnedSlot:
 
     preloaded: frozenset[str] = frozenset()
 
-    def __init__(self, process: asyncio.subprocess.Process) -> None:
-        assert process.stdin is not None and process.stdout is not None
+    def __init__(self, process: asyncio.subprocess.Process, stdout: ReplyReader) -> None:
+        assert process.stdin is not None
         self._process = process
         self.stdin: asyncio.StreamWriter = process.stdin
-        self.stdout: asyncio.StreamReader = process.stdout
+        self.stdout = stdout
 
     @property
     def pid(self) -> int:
@@ -116,14 +118,25 @@ class Spawn:
     """A fresh interpreter per slot: nothing preloaded, nothing shared (but simple and robust)."""
 
     async def launch(self) -> SlotHandle:
-        process = await spawn_python(
-            "-m",
-            "truba.daemon.slot",
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            env=os.environ.copy(),
-        )
-        return SpawnedSlot(process)
+        stdout_r, stdout_w = os.pipe()
+        try:
+            # The pipe is watched before the process starts: no await may come after that,
+            # lest a cancellation leave a slot process nobody knows of.
+            stdout = await reply_reader(stdout_r)
+            try:
+                process = await spawn_python(
+                    "-m",
+                    "truba.daemon.slot",
+                    stdin=asyncio.subprocess.PIPE,
+                    stdout=stdout_w,
+                    env=os.environ.copy(),
+                )
+            except BaseException:
+                stdout.close()
+                raise
+        finally:
+            os.close(stdout_w)
+        return SpawnedSlot(process, stdout)
 
     def outdated(self, handle: SlotHandle, handler: str) -> bool:
         return False

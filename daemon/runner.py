@@ -552,10 +552,7 @@ class JobRunner:
                 with bind(task_id=task.task_id):
                     log.debug("daemon.task.started", extra={"attempt": spent + 1, "pid": slot.pid})
                     if end.ending is Ending.REPLIED:  # else the hand-over itself failed
-                        end, reply = await supervised(
-                            slot, slot.reply(task.task_id), limits, worker.interrupt
-                        )
-                        end = AttemptEnd(end.ending, end.seconds, reply, end.error)
+                        end = await self._chunk_reply(worker, task, limits)
                     ended += 1
                     if end.ending is not Ending.REPLIED:  # the slot is gone (and started afresh)
                         replied = False
@@ -574,6 +571,17 @@ class JobRunner:
             self._put_back_later(unstarted, "unstarted")
         else:
             await self._maybe_recycle(slot)
+
+    async def _chunk_reply(self, worker: Worker, task: TaskMessage, limits: Limits) -> AttemptEnd:
+        """How the next task of a chunk ended: its reply if the slot sent it already (taken at
+        once, even if an interrupt came meanwhile: finished work is kept), else what the watch
+        over the wait for it says."""
+        slot = worker.slot
+        reply = slot.reply_at_hand()
+        if reply is not None:
+            return AttemptEnd(Ending.REPLIED, reply.seconds, reply)
+        end, reply = await supervised(slot, slot.reply(task.task_id), limits, worker.interrupt)
+        return AttemptEnd(end.ending, end.seconds, reply, end.error)
 
     async def _handle_batch(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
         runnable = await self._admit_all(worker, deliveries)

@@ -113,6 +113,16 @@ class SlotProcess:
         self.tasks_run += 1
         return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
 
+    def reply_at_hand(self) -> SlotReply | None:
+        """The reply to the next task handed over by :meth:`send` if the slot has sent it
+        already (None: not yet; then wait for it with :meth:`reply`)."""
+        process = self._process
+        body = process.stdout.take() if process is not None else None
+        if body is None:
+            return None
+        self.tasks_run += 1
+        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+
     async def run_batch(self, handler: str, tasks: list[tuple[str, object]]) -> list[SlotReply]:
         """Runs a batch handler once over ``tasks`` (id, payload); one reply per task, in order.
 
@@ -165,9 +175,7 @@ class SlotProcess:
         if process is None:
             raise SlotDied(f"slot {self.index} is not running ({what})")
         try:
-            header = await process.stdout.readexactly(HEADER.size)
-            (size,) = HEADER.unpack(header)
-            body: bytes = await process.stdout.readexactly(size)
+            body = await process.stdout.read()
         except (asyncio.IncompleteReadError, ConnectionError) as exc:
             raise await self._died(what) from exc
         except asyncio.CancelledError:  # a slot in the middle of a task cannot be reused
