@@ -8,13 +8,11 @@ need not thread them through calls.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
 from typing import Final, TextIO
 
 _CONTEXT: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("truba_log_context", default={})  # noqa: B039
@@ -23,14 +21,27 @@ _CONTEXT: contextvars.ContextVar[dict[str, object]] = contextvars.ContextVar("tr
 _STANDARD: Final = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 
-@contextlib.contextmanager
-def bind(**fields: object) -> Iterator[None]:
+def bind(**fields: object) -> Bound:
     """Adds ``fields`` (e.g. ``job_id=...``) to every record logged in this context."""
-    token = _CONTEXT.set({**_CONTEXT.get(), **fields})
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
+    return Bound(fields)
+
+
+class Bound:
+    """The context manager of :func:`bind` (a class: daemons enter one per task)."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, fields: dict[str, object]) -> None:
+        self._fields = fields
+        self._token: contextvars.Token[dict[str, object]] | None = None
+
+    def __enter__(self) -> None:
+        self._token = _CONTEXT.set({**_CONTEXT.get(), **self._fields})
+
+    def __exit__(self, *exc: object) -> None:
+        if self._token is not None:
+            _CONTEXT.reset(self._token)
+            self._token = None
 
 
 def bind_process(**fields: object) -> None:

@@ -1,0 +1,65 @@
+"""Structured logs: one JSON object per line, with the ids bound in the context."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from truba.logs import JsonFormatter, bind, setup
+
+
+@pytest.fixture
+def lines() -> Iterator[io.StringIO]:
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    stream = io.StringIO()
+    setup("debug", "json", stream)
+    yield stream
+    root.handlers[:], root.level = saved
+
+
+def records(stream: io.StringIO) -> list[dict[str, object]]:
+    """This test's records (asyncio logs at debug too)."""
+    entries = [json.loads(line) for line in stream.getvalue().splitlines()]
+    return [entry for entry in entries if entry["logger"] == "truba.test"]
+
+
+def test_bound_ids_reach_every_record_in_their_scope_and_extra_wins(lines: io.StringIO) -> None:
+    log = logging.getLogger("truba.test")
+    with bind(job_id="j1"):
+        with bind(task_id="t1"):
+            log.info("inner", extra={"job_id": "given"})
+        log.warning("outer")
+    log.info("outside")
+    inner, outer, outside = records(lines)
+    assert inner["event"] == "inner" and inner["job_id"] == "given" and inner["task_id"] == "t1"
+    assert outer["job_id"] == "j1" and "task_id" not in outer and outer["level"] == "warning"
+    assert "job_id" not in outside and outside["logger"] == "truba.test"
+
+
+async def test_each_task_sees_only_what_it_bound(lines: io.StringIO) -> None:
+    log = logging.getLogger("truba.test")
+
+    async def work(task_id: str) -> None:
+        with bind(task_id=task_id):
+            await asyncio.sleep(0.01)
+            log.info("done")
+
+    await asyncio.gather(work("a"), work("b"))
+    assert sorted(str(r["task_id"]) for r in records(lines)) == ["a", "b"]
+
+
+def test_a_record_with_an_error_carries_its_traceback() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("truba.test", logging.ERROR, __file__, 1, "failed", None, None)
+        record.exc_info = sys.exc_info()
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["event"] == "failed" and "ValueError: boom" in str(entry["traceback"])
