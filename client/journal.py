@@ -7,8 +7,8 @@ pipes' disk buffer (:class:`~truba.pipes.spool_log.SpoolLog` and its fsync polic
 
     tasks/          one record per task: its id and encoded message; forgotten when the
                     application has taken the task's outcome
-    confirmed/      one 8-byte record (the task record's seq) per task a broker confirmed;
-                    forgotten with the task
+    confirmed/      one 8-byte record (the task record's seq) per task a broker confirmed,
+                    written in batches (a frame's confirm confirms many); forgotten with the task
     withdrawn.json  tasks whose ``submit`` gave up before a broker took them (never sent)
 
 After a crash, :meth:`Journal.open` recovers every task without an outcome: those no broker
