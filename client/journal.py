@@ -203,6 +203,8 @@ class Journal:
     def flush(self) -> None:
         """Writes the pending confirm marks, then the forget marks of settled tasks (one write
         per segment; no fsync: a lost mark costs at most a duplicate, dropped by task id)."""
+        if self._closed:
+            return
         self._write_marks()
         self._tasks.flush_forgets()
         self._confirms.flush_forgets()
