@@ -33,6 +33,7 @@ from truba.client.outcome import Outcome
 from truba.client.watch import LossWatch
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError, TrubaError
+from truba.pipes.frame import unframing
 from truba.pipes.rabbit import RabbitBroker
 from truba.proto.v1 import jobs_pb2
 from truba.queues import MAX_PRIORITY
@@ -112,6 +113,8 @@ class Job:
         self._consumer: asyncio.Task[None] | None = None
         self._taken: list[Delivery[ResultMessage]] = []
         """Results whose outcomes were taken (or dropped as duplicates), not acked yet."""
+        self._unframe = unframing(results)
+        """The result listener's unframe layer: says when members of a frame are at hand."""
         self._progress_wake = asyncio.Event()
         self._progress: asyncio.Task[None] | None = None
         self._watch = LossWatch(links, marker, self._broker_lost, job_id=info.id, known=resumed)
@@ -404,12 +407,9 @@ class Job:
         await self._finish()
 
     async def _next_result(self) -> Delivery[ResultMessage] | None:
-        """The next result, waiting up to half a second; the results taken are acked first
-        when none is at hand (and at most :data:`ACK_BATCH` of them wait to be)."""
-        if self._taken:
-            delivery = await self._results.get(0.0)
-            if delivery is not None:
-                return delivery
+        """The next result, waiting up to half a second. The results taken are acked first
+        unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
+        if self._taken and not (self._unframe is not None and self._unframe.held):
             await self._ack_taken()
         return await self._results.get(0.5)
 

@@ -156,9 +156,9 @@ class JobRunner:
         self._frames = unframing(pipes.tasks)
         """The unframe layer of the task listener (None: not a framing stack)."""
         self._quit_holding = asyncio.Event()
+        """Stops that watcher between two hand-backs (cancelling it could cut one in half)."""
         self._task_seconds: float | None = None
         """Recent handler seconds per task (an EWMA; None until a task ended)."""
-        """Stops that watcher between two hand-backs (cancelling it could cut one in half)."""
         self.failure: PipeError | None = None
         self.ends = TaskEnds(pipes, daemon_id, self.stats, self._broke)
         self._workers: dict[Worker, asyncio.Task[None]] = {}
