@@ -15,7 +15,8 @@ W2 (one task at a time: submit, then wait for its outcome; --latency-tasks round
   w2-on, w2-off    the round trip's p50 and p99, frames on and off
 
 Variants are interleaved over rounds and the median kept; ratios are to raw (W1) and to
-frames off (W2), measured in the same run.
+frames off (W2), measured in the same run. Each W1 measurement also prints (and the JSON keeps)
+the share of CPU time the hypervisor stole meanwhile, which says how noisy it was.
 
     python bench/frames.py [--tasks 20000] [--rounds 3] [--slots 2] [--latency-tasks 200]
                            [--json bench/results/frames.json]
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from client_sdk import HANDLER, raw_w1, sdk_w1
 from local import one_daemon_cluster
-from report import percentile, write_json
+from report import Steal, percentile, write_json
 
 from truba.client import Client
 from truba.local.cluster import LocalCluster
@@ -63,6 +64,8 @@ async def run(
 ) -> dict[str, object]:
     rates: dict[str, list[float]] = {}
     latency: dict[str, list[float]] = {"w2-on": [], "w2-off": []}
+    steal: dict[str, list[float]] = {}
+    clock = Steal()
     for round_ in range(args.rounds):
         folder = tmp / f"round-{round_}"
         runs = {
@@ -71,9 +74,11 @@ async def run(
             "frames-off": sdk_w1(cluster, args.tasks, folder / "off", frames=False),
         }
         for name, measure in runs.items():  # each awaited in turn: the variants never overlap
+            clock.lap()
             rate = await measure
             rates.setdefault(name, []).append(rate)
-            print(f"round {round_ + 1}: {name:<12} {rate:>9.0f} tasks/s", flush=True)
+            steal.setdefault(name, []).append(stolen := clock.lap())
+            print(f"round {round_ + 1}: {name:<12} {rate:>9.0f} tasks/s  (steal {stolen:.0%})", flush=True)
         for name, frames in (("w2-on", True), ("w2-off", False)):
             samples = await sdk_w2(cluster, args.latency_tasks, folder / name, frames=frames)
             latency[name] += samples
@@ -96,6 +101,7 @@ async def run(
         "slots": args.slots,
         "latency_tasks": args.latency_tasks,
         "rates": rates,
+        "steal": steal,
         "medians": medians,
         "w2": w2,
         "ratios": ratios,
