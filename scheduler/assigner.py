@@ -264,8 +264,11 @@ class Assigner:
         if not result.settled:
             self.replan_soon()
 
-    def _spec(self, job: Job) -> JobSpec:
+    def _demand(self, job: Job) -> int | None:
         closed = job.submitted if job.state is JobState.CLOSED else None
+        return self._counters.demand(job.id, closed_submitted=closed, now=self._clock())
+
+    def _spec(self, job: Job) -> JobSpec:
         settings = job.settings
         return JobSpec(
             id=job.id,
@@ -274,7 +277,7 @@ class Assigner:
             created_at=job.created_at,
             min_slots=settings.min_slots,
             max_slots=settings.max_slots,
-            demand=self._counters.demand(job.id, closed_submitted=closed, now=self._clock()),
+            demand=self._demand(job),
         )
 
     def _push(
@@ -327,6 +330,8 @@ class Assigner:
         allowing = sum(allowed(job.handler, s.info.allow) for s in sessions)
         if not allowing:
             return f"handler {job.handler!r} is not allowed by any connected daemon{self._patterns()}"
+        if self._demand(job) == 0:
+            return ""  # nothing to run now (its client may submit more): no slot is as it should be
         return f"no free slot on the {allowing} daemon(s) that allow handler {job.handler!r}"
 
     def _patterns(self) -> str:

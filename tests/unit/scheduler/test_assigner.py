@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import grpc
 
@@ -184,6 +185,15 @@ async def test_a_daemon_that_reported_running_work_keeps_it_when_it_still_fits(c
     assigner.connect(d1)
     [message] = await drain(d1)
     assert slots(message) == {"old": 1, "new": 2}
+
+
+async def test_no_slot_is_a_problem_only_for_a_job_with_tasks_to_run(clock: ManualClock) -> None:
+    assigner, jobs, _ = make(clock)
+    assigner.connect(session(clock, "d1", slots=0))
+    busy = jobs.add("busy")
+    idle = dataclasses.replace(jobs.add("idle"), state=JobState.CLOSED, submitted=0)  # nothing left
+    assert assigner.problem_of(busy) == f"no free slot on the 1 daemon(s) that allow handler {HANDLER!r}"
+    assert assigner.problem_of(idle) == ""
 
 
 async def test_handlers_no_connected_daemon_allows_are_explained(clock: ManualClock) -> None:
