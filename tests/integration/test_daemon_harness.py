@@ -301,18 +301,40 @@ class JobQueues:
         confirmations = [await self._sender.send(task) for task in tasks]
         await asyncio.gather(*confirmations)
 
-    async def collect(self, task_ids: Sequence[str], timeout: float = 30.0, linger: float = 0.0) -> None:
-        """Takes results (acking them) until every id has one, then ``linger`` s more for duplicates."""
+    async def collect(
+        self,
+        task_ids: Sequence[str],
+        timeout: float = 30.0,
+        linger: float = 0.0,
+        *,
+        stall: float | None = None,
+        stall_from: float | None = None,
+    ) -> None:
+        """Takes results (acking them) until every id has one, then ``linger`` s more for duplicates.
+
+        Fails after ``timeout`` s, or, given ``stall``, once no new outcome came for ``stall`` s
+        (counted from ``stall_from``, a ``time.monotonic()``, at the earliest; ``timeout`` then
+        only caps the wait): a slow machine is no failure, a stuck task is.
+        """
         if self._listener is None:
             self._listener = listen_stack(ResultCodec(), self.links, self.results, Window(200), role="test")
-        deadline = time.monotonic() + timeout
+        began = time.monotonic()
+        deadline = began + timeout
         missing = set(task_ids) - set(self.received)
+        progressed = max(began, stall_from or began)
         while missing and time.monotonic() < deadline:
+            if stall is not None and time.monotonic() - progressed > stall:
+                break
             await self._take_one(0.2)
-            missing = set(task_ids) - set(self.received)
+            left = set(task_ids) - set(self.received)
+            if len(left) < len(missing):
+                progressed = max(progressed, time.monotonic())
+            missing = left
         if missing:
+            waited = time.monotonic() - began
             raise AssertionError(
-                f"{len(missing)} tasks have no outcome after {timeout} s: {sorted(missing)[:10]}"
+                f"{len(missing)} tasks have no outcome after {waited:.1f} s "
+                f"(none came for {time.monotonic() - progressed:.1f} s): {sorted(missing)[:10]}"
             )
         end = time.monotonic() + linger
         while time.monotonic() < end:
