@@ -7,7 +7,9 @@ load does not grow; a message that arrives while ``eager`` frames await their co
 frame, which gathers until ``max_messages`` or ``max_bytes`` are in it or ``max_delay`` seconds
 have passed (not until that confirm: under load the confirms come every millisecond or two, and
 frames that short would stay small). Each message's confirmation resolves (or fails) with its
-frame's.
+frame's. An owner that knows more messages follow within moments (a daemon running chunks of
+short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases them, even the
+first message waits for a frame.
 
 :class:`FrameListener` unpacks frames into one delivery per member. The frame is settled with
 the broker once every member is: acked when all were acked; a member rejected with requeue is
