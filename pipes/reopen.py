@@ -178,8 +178,12 @@ class ReopenSender(Generic[T]):
 
     async def _reopen(self, dead: Sender[T]) -> None:
         dead.drop_unconfirmed()
-        with contextlib.suppress(PipeError):
+        try:
             await asyncio.wait_for(dead.close(), 1.0)
+        except (PipeError, TimeoutError) as exc:
+            # Best effort: a blocked connection (a memory alarm) never answers a channel close,
+            # and that must not stop the reopen (it did: the leaf then stayed broken for good).
+            log.info("pipe.reopen.dead_not_closed", extra={"pipe": self.label, "error": repr(exc)})
         attempt = 0
         while self.state is State.BROKEN:
             await self._backoff.sleep(self._backoff.delay(attempt))

@@ -78,6 +78,27 @@ async def test_a_break_reopens_and_resends_unconfirmed_with_the_same_confirmatio
     assert sender.unconfirmed() == [] and sender.reopened == 1
 
 
+async def test_a_dead_channel_whose_close_hangs_does_not_stop_the_reopen() -> None:
+    connector = Connector()
+    sender = ReopenSender(connector.sender, backoff=FAST)
+    confirmation = await sender.send("m")
+    first = connector.senders[0]
+
+    async def hangs() -> None:  # a blocked connection never answers the channel close
+        await asyncio.sleep(3600)
+
+    first.close = hangs  # type: ignore[method-assign]
+    first.break_(PipeBroken("confirm timed out"))
+    await asyncio.wait_for(_until_reopened(sender, connector), 5.0)  # after the 1 s close bound
+    connector.senders[1].confirm()
+    await asyncio.wait_for(confirmation, 1.0)
+
+
+async def _until_reopened(sender: ReopenSender[str], connector: Connector) -> None:
+    while not (sender.state is State.CONNECTED and len(connector.senders) == 2):
+        await asyncio.sleep(0.01)
+
+
 async def test_while_broken_send_fails_fast_with_a_retryable_error() -> None:
     connector = Connector()
     sender = ReopenSender(connector.sender, backoff=Backoff(attempts=None, base=10.0, cap=10.0))
