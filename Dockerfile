@@ -1,16 +1,21 @@
-# The truba image: scheduler, daemon and client tools. Handlers are added by deriving from it.
-FROM python:3.11-slim
-WORKDIR /opt/truba
+# The truba image: scheduler, daemon and client tools, with truba and its examples installed as
+# packages (no source folder on PYTHONPATH: a handler's `import pipes` gets the standard library's,
+# never truba's folder). Add handlers by deriving from it and pip-installing their package.
+FROM python:3.11-slim AS build
+WORKDIR /src
 COPY pyproject.toml README.md ./
-COPY core core
+COPY src src
 COPY scheduler scheduler
 COPY daemon daemon
 COPY pipes pipes
 COPY client client
 COPY proto proto
 COPY examples examples
-RUN pip install --no-cache-dir . && useradd --system --create-home truba
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . ./examples
+
+FROM python:3.11-slim
+COPY --from=build /wheels /wheels
+RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && useradd --system --create-home truba
 USER truba
 WORKDIR /home/truba
-ENV PYTHONPATH=/opt/truba
 ENTRYPOINT ["truba"]

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import grpc
 
-from truba.pipes.errors import TrubaError
+from truba.errors import TrubaError
 
 
 class SchedulerError(TrubaError):

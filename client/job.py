@@ -31,8 +31,9 @@ from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.outcome import Outcome
 from truba.client.watch import LossWatch
+from truba.errors import TrubaError
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
-from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError, TrubaError
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
 from truba.pipes.frame import unframing
 from truba.pipes.rabbit import RabbitBroker
 from truba.proto.v1 import jobs_pb2

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from truba.pipes.errors import TrubaError
+from truba.errors import TrubaError
 from truba.wire import ErrorInfo, ResultMessage
 
 

@@ -17,8 +17,8 @@ from typing import Protocol
 
 import grpc
 
+from truba.backoff import Backoff
 from truba.channel import Credentials, open_channel
-from truba.pipes.retry import Backoff
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
 RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)

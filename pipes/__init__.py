@@ -21,7 +21,6 @@ from truba.pipes.errors import (
     PipeClosed,
     PipeError,
     SendTimeout,
-    TrubaError,
 )
 from truba.pipes.frame import FrameListener, FrameSender
 from truba.pipes.merge import MergeListener, merge
@@ -50,7 +49,6 @@ __all__ = [
     "Sender",
     "SendTimeout",
     "SerializeSender",
-    "TrubaError",
     "balance",
     "deserialize",
     "merge",

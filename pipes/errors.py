@@ -21,9 +21,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-
-class TrubaError(Exception):
-    """Base of every error truba raises on purpose."""
+from truba.errors import TrubaError
 
 
 class PipeError(TrubaError):

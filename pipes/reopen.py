@@ -29,9 +29,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
+from truba.backoff import Backoff
 from truba.pipes.base import Confirmation, Sender, close_all
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
-from truba.pipes.retry import Backoff
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

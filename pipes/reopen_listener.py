@@ -15,10 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar, final
 
+from truba.backoff import Backoff
 from truba.pipes.base import Delivery, Listener, close_all
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError
 from truba.pipes.reopen import REOPEN_BACKOFF, State, connect_within
-from truba.pipes.retry import Backoff
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)

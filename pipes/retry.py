@@ -8,39 +8,17 @@ sender that gives up re-raises the *last* cause unchanged.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from truba.backoff import Backoff
 from truba.pipes.base import Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
 from truba.pipes.errors import PipeError
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Backoff:
-    """Full-jitter exponential backoff: attempt ``n`` waits a random time in ``[0, min(cap, base·2ⁿ)]``.
-
-    ``attempts`` bounds the tries (None: forever). ``sleep`` and ``rng`` are injectable.
-    """
-
-    attempts: int | None = 5
-    base: float = 0.05
-    cap: float = 5.0
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
-    rng: Callable[[float, float], float] = field(default=random.uniform)
-
-    def delay(self, attempt: int) -> float:
-        return self.rng(0.0, min(self.cap, self.base * 2 ** min(attempt, 60)))
-
-    def gives_up_after(self, attempt: int) -> bool:
-        """True when try number ``attempt`` (0-based) was the last one allowed."""
-        return self.attempts is not None and attempt + 1 >= self.attempts
 
 
 @dataclass

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Codec, Layer, Listener, Sender
 from truba.pipes.frame import DoneCheck, FrameLimits, FrameListener, FrameSender
@@ -34,7 +35,7 @@ from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
-from truba.pipes.retry import Backoff, retry, retry_listener
+from truba.pipes.retry import retry, retry_listener
 from truba.pipes.serialize import deserialize, serialize
 
 T = TypeVar("T")

@@ -20,7 +20,7 @@ from typing import ClassVar
 
 import grpc
 
-from truba.pipes.errors import TrubaError
+from truba.errors import TrubaError
 
 
 class SchedulerError(TrubaError):

@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from typing import Final, final
 
+from truba.backoff import Backoff
 from truba.pipes.errors import PipeError
 from truba.scheduler.brokers import Broker, Brokers
 from truba.scheduler.model import JobQueues, job_queues
@@ -38,7 +38,8 @@ RESWEEP_AFTER: Final = 2.0
 after :data:`RESWEEP_LAST` seconds)."""
 RESWEEP_LAST: Final = 30.0
 
-Sleep = Callable[[float], Awaitable[None]]
+DELETE_BACKOFF: Final = Backoff(attempts=None, base=0.5, cap=30.0)
+"""Waits between deletions of a job's queues on a broker that refuses them: until it succeeds."""
 
 
 @final
@@ -50,18 +51,14 @@ class QueueJanitor:
         brokers: Brokers,
         store: JobStore,
         *,
-        first_delay: float = 0.5,
-        max_delay: float = 30.0,
-        sleep: Sleep = asyncio.sleep,
+        backoff: Backoff = DELETE_BACKOFF,
         resweep_after: float = RESWEEP_AFTER,
     ) -> None:
         self._resweep_after = resweep_after
         self._resweeps: set[asyncio.Task[None]] = set()
         self._brokers = brokers
         self._store = store
-        self._first_delay = first_delay
-        self._max_delay = max_delay
-        self._sleep = sleep
+        self._backoff = backoff
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._restoring: asyncio.Task[None] | None = None
 
@@ -150,9 +147,8 @@ class QueueJanitor:
             try:
                 await broker.delete(queues)
             except PipeError as exc:
+                delay = self._backoff.delay(attempt)  # jittered: brokers back are not hit in lockstep
                 attempt += 1
-                delay = min(self._max_delay, self._first_delay * 2 ** min(attempt - 1, 32))
-                delay *= random.uniform(0.8, 1.2)  # brokers coming back are not hit in lockstep
                 log.warning(
                     "sched.queues.delete_failed",
                     extra={
@@ -164,7 +160,7 @@ class QueueJanitor:
                         "error": f"{type(exc).__name__}: {exc}",
                     },
                 )
-                await self._sleep(delay)
+                await self._backoff.sleep(delay)
             else:
                 if attempt:
                     log.info(

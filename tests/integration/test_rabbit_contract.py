@@ -31,13 +31,13 @@ from tests.unit.pipes.contract import (
     listener_checks,
     sender_checks,
 )
+from truba.backoff import Backoff
 from truba.local import ThreadedFaultProxy
 from truba.pipes.base import Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
-from truba.pipes.retry import Backoff
 
 pytestmark = pytest.mark.integration
 

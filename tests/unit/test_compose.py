@@ -59,8 +59,10 @@ def test_broker_urls_name_the_broker_services(compose: dict[str, Any]) -> None:
     assert hosts == {"rmq1", "rmq2"}
 
 
-def test_the_dockerfile_copies_every_package_folder() -> None:
+def test_the_dockerfile_installs_every_package_folder_and_sets_no_pythonpath() -> None:
     dockerfile = (REPO / "Dockerfile").read_text()
-    for folder in ("core", "scheduler", "daemon", "pipes", "client", "proto"):
+    for folder in ("src", "scheduler", "daemon", "pipes", "client", "proto", "examples"):
         assert f"COPY {folder} {folder}" in dockerfile
         assert (REPO / folder).is_dir()
+    assert "PYTHONPATH" not in dockerfile.replace("no source folder on PYTHONPATH", "")
+    assert "pip wheel" in dockerfile and "./examples" in dockerfile

@@ -34,7 +34,7 @@ def test_no_generic_top_level_modules_are_installed(tmp_path: Path) -> None:
     # Run from an empty directory so that the checkout itself is not on sys.path.
     probe = (
         "import importlib.util as u, json;"
-        "names = ['pipes', 'client', 'scheduler', 'daemon', 'proto', 'core', 'examples'];"
+        "names = ['pipes', 'client', 'scheduler', 'daemon', 'proto', 'core', 'src', 'examples'];"
         "print(json.dumps({n: str(getattr(u.find_spec(n), 'origin', None)) for n in names}))"
     )
     argv = [sys.executable, "-c", probe]

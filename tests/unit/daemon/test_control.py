@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import random
 
+from truba.backoff import Backoff
 from truba.daemon.control import RECONNECT_BACKOFF
-from truba.pipes.retry import Backoff
 
 
 def test_backoff_is_full_jitter_bounded_by_the_cap() -> None:

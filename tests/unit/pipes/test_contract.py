@@ -31,6 +31,7 @@ from tests.unit.pipes.contract import (
     listener_checks,
     sender_checks,
 )
+from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Listener, Sender
 from truba.pipes.errors import PipeError
@@ -38,7 +39,7 @@ from truba.pipes.log import LogListener, LogSender
 from truba.pipes.merge import MergeListener
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
-from truba.pipes.retry import Backoff, RetryListener, RetrySender
+from truba.pipes.retry import RetryListener, RetrySender
 from truba.pipes.serialize import DeserializeListener, SerializeSender
 from truba.pipes.spool import spool
 from truba.pipes.testing import FakeListener

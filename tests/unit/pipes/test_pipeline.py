@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
 from truba.pipes.log import log_errors
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline, describe, pipeline
 from truba.pipes.reopen import ReopenSender
-from truba.pipes.retry import Backoff, retry
+from truba.pipes.retry import retry
 from truba.pipes.serialize import deserialize, serialize
 from truba.pipes.spool import spool
 from truba.pipes.testing import FakeListener, FakeSender

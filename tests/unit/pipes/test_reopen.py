@@ -4,10 +4,10 @@ import asyncio
 
 import pytest
 
+from truba.backoff import Backoff
 from truba.pipes.errors import ConnectionLost, MessageRejected, PipeBroken, PipeClosed
 from truba.pipes.reopen import ReopenSender, State
 from truba.pipes.reopen_listener import ReopenListener
-from truba.pipes.retry import Backoff
 from truba.pipes.testing import FakeListener, FakeSender
 
 

@@ -2,8 +2,9 @@ from __future__ import annotations
 
 import pytest
 
+from truba.backoff import Backoff
 from truba.pipes.errors import CodecError, PipeBroken
-from truba.pipes.retry import Backoff, RetrySender
+from truba.pipes.retry import RetrySender
 from truba.pipes.testing import FakeSender
 
 

@@ -5,6 +5,7 @@ import asyncio
 import pytest
 
 from tests.unit.scheduler.fakes import FakeCluster, make_fake_cluster, no_sleep
+from truba.backoff import Backoff
 from truba.pipes.errors import SendTimeout
 from truba.scheduler.errors import Unavailable
 from truba.scheduler.janitor import QueueJanitor
@@ -92,7 +93,7 @@ async def test_the_janitor_retries_a_down_broker_until_the_queues_are_gone(
             cluster.fakes[1].down = False  # b1 comes back after three failed attempts
         await no_sleep(0)
 
-    janitor = QueueJanitor(cluster.brokers, store, sleep=sleep)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=sleep))
     # When the janitor reaps the job
     assert await janitor.reap_within("j1", timeout=5)
     # Then both brokers are clean and the ledger forgot the job
@@ -108,13 +109,13 @@ async def test_a_closed_janitor_leaves_the_ledger_for_the_next_start(
     await cluster.brokers.declare(QUEUES)
     store.reserve("j1")
     cluster.fakes[0].down = True
-    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
     assert not await janitor.reap_within("j1", timeout=0.05)
     await janitor.close()
     assert list(store.stale()) == ["j1"]
     # The next start resumes from the ledger
     cluster.fakes[0].down = False
-    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
     janitor.resume()
     assert janitor.pending() == {"j1"}
     assert await janitor.reap_within("j1", timeout=5)
@@ -125,7 +126,7 @@ async def test_a_closed_janitor_leaves_the_ledger_for_the_next_start(
 async def test_restore_declares_missing_queues_and_deletions_wait_for_it(
     cluster: FakeCluster, store: SqliteJobStore
 ) -> None:
-    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
     janitor.restore([job_queues("a"), job_queues("b")])
     store.reserve("b")
     assert await janitor.reap_within("b", timeout=5)
@@ -139,7 +140,9 @@ async def test_deleted_queues_are_deleted_once_more_later(
 ) -> None:
     await cluster.brokers.declare(QUEUES)
     store.reserve("j1")
-    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep, resweep_after=0.05)
+    janitor = QueueJanitor(
+        cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep), resweep_after=0.05
+    )
     assert await janitor.reap_within("j1", timeout=5)
     # A reconnecting daemon re-declared the task queue in the meantime
     await cluster.brokers.all[0].declare(QUEUES)

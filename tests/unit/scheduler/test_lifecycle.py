@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.unit.scheduler.fakes import FakeCluster, ManualClock, no_sleep
+from truba.backoff import Backoff
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from truba.scheduler.janitor import QueueJanitor
@@ -30,7 +31,7 @@ class World:
 @pytest.fixture
 async def world(cluster: FakeCluster, store: SqliteJobStore, clock: ManualClock) -> AsyncIterator[World]:
     assigner = Assigner(DaemonRegistry(), store.list, heartbeat_interval=1.0, clock=clock, event_delay=0)
-    janitor = QueueJanitor(cluster.brokers, store, sleep=no_sleep)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
     jobs = JobLifecycle(store, cluster.brokers, janitor, assigner, clock=clock, delete_wait=1.0)
     yield World(jobs, assigner, janitor, store, cluster)
     await janitor.close()

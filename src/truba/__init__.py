@@ -38,7 +38,7 @@ _EXPORTS = {
     "connect": "truba.client",
     "ErrorInfo": "truba.wire",
     "batch": "truba.handlers",
-    "TrubaError": "truba.pipes.errors",
+    "TrubaError": "truba.errors",
 }
 
 __all__ = [
@@ -84,8 +84,8 @@ if TYPE_CHECKING:
         Unavailable,
         connect,
     )
+    from truba.errors import TrubaError
     from truba.handlers import batch
-    from truba.pipes.errors import TrubaError
     from truba.wire import ErrorInfo
 
 
