@@ -41,7 +41,8 @@ from truba.client import Client
 from truba.client.options import JobOptions
 from truba.local.cluster import LocalCluster
 from truba.local.node import LocalRabbitNode
-from truba.pipes.rabbit import QueueSpec, RabbitConnection
+from truba.pipes.broker import QueueSpec
+from truba.pipes.rabbit import RabbitConnection
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
 HANDLER = "tests.handlers.basic:echo"

@@ -34,8 +34,9 @@ import aio_pika
 from report import write_json
 
 from truba.local.node import LocalRabbitNode, start_nodes
+from truba.pipes.broker import QueueSpec
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
+from truba.pipes.rabbit import RabbitBroker, RabbitConnection
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 
 PAYLOAD = b"x" * 64

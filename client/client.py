@@ -34,11 +34,12 @@ from truba.client.framing import FrameSizer
 from truba.client.job import Job
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
 from truba.client.options import JobOptions, settings_pb
+from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
+from truba.pipes.broker import Broker, BrokerFactory
 from truba.pipes.commit import FsyncPolicy, check_policy
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import RabbitBroker
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
 from truba.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
@@ -63,6 +64,7 @@ class Client:
         journal_fsync: FsyncPolicy = "interval",
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
+        brokers: BrokerFactory | None = None,
     ) -> None:
         """A client of the scheduler at ``address``.
 
@@ -79,6 +81,8 @@ class Client:
             token: the scheduler's bearer token (default: ``$TRUBA_TOKEN``).
             tls_ca: PEM file to verify the scheduler's TLS certificate with (default:
                 ``$TRUBA_TLS_CA``); without it the channel is plaintext.
+            brokers: opens the link to each broker the scheduler lists (default: RabbitMQ;
+                :class:`truba.pipes.testing.FakeBroker` in tests).
         """
         self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
@@ -89,12 +93,12 @@ class Client:
         if max_payload < 1:
             raise ValueError(f"max_payload: must be at least 1 byte, got {max_payload}")
         self._max_payload = max_payload
-        self._broker_heartbeat = broker_heartbeat
         self._channel: grpc.aio.Channel | None = None
         self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
-        self._links: dict[str, RabbitBroker] = {}
+        self._links: dict[str, Broker] = {}
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
         self._name = f"truba-client-{socket.gethostname()}-{os.getpid()}"
+        self._open_broker = brokers or default_brokers(self._name, heartbeat=broker_heartbeat)
 
     async def __aenter__(self) -> Client:
         await self.connect()
@@ -254,11 +258,11 @@ class Client:
             raise NoJournal("this client keeps no journal (journal=False)")
         return self._journal_root / job_id
 
-    def _link(self, url: str) -> RabbitBroker:
+    def _link(self, url: str) -> Broker:
         """The shared link to one broker (one AMQP connection per broker per client)."""
         link = self._links.get(url)
         if link is None:
-            link = RabbitBroker(url, name=self._name, heartbeat=self._broker_heartbeat)
+            link = self._open_broker(url)
             self._links[url] = link
         return link
 

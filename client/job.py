@@ -33,9 +33,9 @@ from truba.client.outcome import Outcome
 from truba.client.watch import LossWatch
 from truba.errors import TrubaError
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
+from truba.pipes.broker import Broker
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
 from truba.pipes.frame import unframing
-from truba.pipes.rabbit import RabbitBroker
 from truba.proto.v1 import jobs_pb2
 from truba.queues import MAX_PRIORITY
 from truba.wire import ResultMessage, TaskMessage
@@ -87,7 +87,7 @@ class Job:
         results: Listener[ResultMessage],
         journal: TaskJournal,
         *,
-        links: list[RabbitBroker],
+        links: list[Broker],
         marker: str,
         max_payload: int,
         resumed: bool = False,
@@ -258,7 +258,7 @@ class Job:
                 self._failed.discard(task_id)
                 self._watch_confirm(task_id, await self._tasks.send(codec.decode(data)))
 
-    async def _broker_lost(self, broker: RabbitBroker) -> None:
+    async def _broker_lost(self, broker: Broker) -> None:
         """A broker lost its data: every task without an outcome may have been there (its task
         or its result), so every one is sent again; duplicate outcomes are dropped."""
         outstanding = self._journal.outstanding()

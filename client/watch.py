@@ -20,7 +20,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Final, final
 
-from truba.pipes.rabbit import QueueSpec, RabbitBroker
+from truba.pipes.broker import Broker, QueueSpec
 
 log = logging.getLogger(__name__)
 
@@ -38,9 +38,9 @@ class LossWatch:
 
     def __init__(
         self,
-        links: Sequence[RabbitBroker],
+        links: Sequence[Broker],
         marker: str,
-        on_lost: Callable[[RabbitBroker], Awaitable[None]],
+        on_lost: Callable[[Broker], Awaitable[None]],
         *,
         job_id: str,
         known: bool,
@@ -73,14 +73,13 @@ class LossWatch:
             await asyncio.sleep(self._interval)
             await asyncio.gather(*(self._check(link) for link in self._links))
 
-    async def _check(self, link: RabbitBroker) -> None:
+    async def _check(self, link: Broker) -> None:
         try:
             async with asyncio.timeout(self._interval * 5):
-                connection = await link.connection()
-                if await connection.message_count(self._spec.name) is not None:
+                if await link.has_queue(self._spec.name):
                     self._marked[link.url] = True
                     return
-                await connection.declare(self._spec)
+                await link.declare(self._spec)
         except Exception as exc:  # unreachable or refusing: checked again next round
             log.debug("client.broker.unchecked", extra={"job_id": self._job_id, "error": repr(exc)})
             return

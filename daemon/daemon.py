@@ -33,11 +33,12 @@ from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
+from truba.daemon.wiring import default_brokers
 from truba.pipes.base import Sender
+from truba.pipes.broker import Broker, BrokerFactory, QueueSpec, redact
 from truba.pipes.errors import CodecError
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, redact
 from truba.pipes.record import DoneRecord
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
@@ -99,14 +100,16 @@ class Wanted:
 class Daemon:
     """Runs assigned jobs on its slots; see the module docstring."""
 
-    def __init__(self, config: DaemonConfig) -> None:
+    def __init__(self, config: DaemonConfig, *, brokers: BrokerFactory | None = None) -> None:
+        """``brokers`` opens the link to a broker the scheduler lists (default: RabbitMQ)."""
         self.config = config
+        self._open_broker = brokers or default_brokers(config.daemon_id, heartbeat=config.broker_heartbeat)
         self.link = SchedulerLink(config.scheduler, self)
         self._launcher: Launcher = ForkServer() if config.fork_server else Spawn()
         self._slots = [SlotProcess(i, self._launcher) for i in range(config.slots)]
         self._free: list[SlotProcess] = list(self._slots)
         self._brokers: list[str] = []
-        self._links: list[RabbitBroker] = []
+        self._links: list[Broker] = []
         self._wanted: dict[str, Wanted] = {}
         self._version = 0
         self._runners: dict[str, JobRunner] = {}
@@ -169,11 +172,8 @@ class Daemon:
         if brokers != self._brokers:
             log.info("daemon.brokers", extra={"brokers": [redact(u) for u in brokers]})
             self._brokers = brokers
-            name = f"truba-daemon-{self.config.daemon_id}"
             # Links to brokers no longer listed close with their runners' pipes; new ones start lazily.
-            self._links = [
-                RabbitBroker(url, name=name, heartbeat=self.config.broker_heartbeat) for url in brokers
-            ]
+            self._links = [self._open_broker(url) for url in brokers]
             self._changed.set()
 
     def assign(self, assignment: daemons_pb2.Assignment) -> None:

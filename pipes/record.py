@@ -3,7 +3,7 @@
 AMQP has no partial ack: a daemon that dies with part of a frame done leaves the whole frame to
 be redelivered. So the daemon's result sender copies every result message into a stream, the
 job's *record* (on the same broker, within the same confirm: see ``copy_to`` of
-:class:`~truba.pipes.rabbit.RabbitSender`): a result is confirmed exactly when its broker's record
+a :class:`~truba.pipes.broker.Broker`'s sender): a result is confirmed exactly when its broker's record
 holds it. A consumer that gets a delivery back redelivered reads the record of every broker from
 about when the delivery was first sent, and settles the members that already have a result
 instead of handing them out to run again (see :class:`~truba.pipes.frame.FrameListener`).
@@ -12,22 +12,19 @@ Reading costs a scan of the results recorded since then, so it is done for redel
 only (a lone message runs again, as any redelivered AMQP message would), each broker's read
 bounded by ``timeout`` seconds. A broker whose record cannot be read counts as holding nothing:
 its members run again, and the client drops the duplicate outcome (at least once, as without a
-record). The record keeps an hour at most (:data:`~truba.pipes.rabbit.connection.STREAM_MAX_AGE`).
+record). The record keeps an hour at most (RabbitMQ: :data:`~truba.pipes.rabbit.connection.STREAM_MAX_AGE`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Final, final
 
 from truba.pipes.base import Delivery
+from truba.pipes.broker import SENT_AT, Broker, redact
 from truba.pipes.frame import unpack
-from truba.pipes.rabbit import RabbitBroker, redact
-from truba.pipes.rabbit.connection import STREAM_MAX_AGE_SECONDS
-from truba.pipes.rabbit.sender import SENT_AT
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +44,7 @@ class DoneRecord:
 
     def __init__(
         self,
-        brokers: Sequence[RabbitBroker],
+        brokers: Sequence[Broker],
         stream: str,
         *,
         result_key: Callable[[bytes], str | None],
@@ -80,9 +77,8 @@ class DoneRecord:
                 if key in wanted:
                     found.add(key)
 
-        start = time.time() - STREAM_MAX_AGE_SECONDS if since is None else since
         reads = await asyncio.gather(
-            *(self._read(broker, start, each) for broker in self._brokers), return_exceptions=True
+            *(self._read(broker, since, each) for broker in self._brokers), return_exceptions=True
         )
         for broker, read in zip(self._brokers, reads, strict=True):
             if isinstance(read, Exception):
@@ -103,12 +99,10 @@ class DoneRecord:
         )
         return found
 
-    async def _read(self, broker: RabbitBroker, since: float, each: Callable[[bytes], None]) -> int:
+    async def _read(self, broker: Broker, since: float | None, each: Callable[[bytes], None]) -> int:
         """Reads one broker's record, connecting included, within ``timeout`` seconds: a broker
         that is down must not hold up the redelivered frame for a whole connect timeout."""
-        async with asyncio.timeout(self._timeout):
-            connection = await broker.connection()
-            return await connection.read_stream(self._stream, since, each, timeout=self._timeout)
+        return await broker.read_log(self._stream, since, each, timeout=self._timeout)
 
 
 def _sent_at(delivery: Delivery[bytes]) -> float | None:

@@ -27,12 +27,12 @@ from typing import TypeVar
 from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Codec, Layer, Listener, Sender
+from truba.pipes.broker import Broker, PrefetchListener, QueueSpec
 from truba.pipes.frame import DoneCheck, FrameLimits, FrameListener, FrameSender
 from truba.pipes.log import log_errors, log_listener
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
 from truba.pipes.retry import retry, retry_listener
@@ -64,9 +64,9 @@ class SendOptions:
 
 
 def _sender_connector(
-    broker: RabbitBroker, queue: str | QueueSpec, options: SendOptions
-) -> Callable[[], Awaitable[RabbitSender]]:
-    async def connect() -> RabbitSender:
+    broker: Broker, queue: str | QueueSpec, options: SendOptions
+) -> Callable[[], Awaitable[Sender[bytes]]]:
+    async def connect() -> Sender[bytes]:
         return await broker.sender(
             queue,
             confirm_timeout=options.confirm_timeout,
@@ -79,9 +79,9 @@ def _sender_connector(
 
 
 def _listener_connector(
-    broker: RabbitBroker, queue: str | QueueSpec, window: Window
-) -> Callable[[], Awaitable[RabbitListener]]:
-    async def connect() -> RabbitListener:
+    broker: Broker, queue: str | QueueSpec, window: Window
+) -> Callable[[], Awaitable[PrefetchListener[bytes]]]:
+    async def connect() -> PrefetchListener[bytes]:
         leaf = await broker.listener(queue, prefetch=window.leaf_size)
         window.watch(leaf.set_prefetch)
         return leaf
@@ -91,7 +91,7 @@ def _listener_connector(
 
 def send_stack(
     codec: Codec[T],
-    brokers: Sequence[RabbitBroker],
+    brokers: Sequence[Broker],
     queue: str | QueueSpec,
     *,
     role: str = "send",
@@ -128,7 +128,7 @@ def send_stack(
 
 def listen_stack(
     codec: Codec[T],
-    brokers: Sequence[RabbitBroker],
+    brokers: Sequence[Broker],
     queue: str | QueueSpec,
     window: Window,
     *,
@@ -171,7 +171,7 @@ def _name(queue: str | QueueSpec) -> str:
 
 
 def _bytes_sender(
-    brokers: Sequence[RabbitBroker], queue: str | QueueSpec, options: SendOptions, connect_timeout: float
+    brokers: Sequence[Broker], queue: str | QueueSpec, options: SendOptions, connect_timeout: float
 ) -> Sender[bytes]:
     leaves: list[Sender[bytes]] = [
         ReopenSender(

@@ -5,7 +5,8 @@ broke. Every operation is bounded by a timeout, and a connection that failed or 
 dropped, so the next operation starts afresh instead of hanging on a half-dead socket.
 
 Brokers are independent (no RabbitMQ clustering): a job's queues exist once on each of them.
-AMQP itself stays in :mod:`truba.pipes.rabbit`; this module sees only PipeErrors.
+AMQP itself stays in :mod:`truba.pipes.rabbit` (the connector comes from
+:mod:`truba.scheduler.wiring`); this module sees only PipeErrors.
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, final
 
+from truba.pipes.broker import QueueSpec, redact
 from truba.pipes.errors import ChannelLost, PipeBroken, PipeError, SendTimeout
-from truba.pipes.rabbit import QueueSpec, RabbitConnection, redact
 from truba.scheduler.errors import Unavailable
 from truba.scheduler.model import JobQueues
 
@@ -27,7 +28,7 @@ T = TypeVar("T")
 
 
 class AdminConnection(Protocol):
-    """The part of :class:`~truba.pipes.rabbit.RabbitConnection` the scheduler uses."""
+    """What the scheduler does on a broker: declare and delete queues (RabbitMQ: ``RabbitConnection``)."""
 
     @property
     def is_closed(self) -> bool: ...
@@ -40,7 +41,7 @@ class AdminConnection(Protocol):
 
 
 class Connector(Protocol):
-    """Opens an :class:`AdminConnection` (``RabbitConnection.open`` in production)."""
+    """Opens an :class:`AdminConnection` (:func:`truba.scheduler.wiring.open_admin` in production)."""
 
     def __call__(
         self, url: str, *, name: str, heartbeat: float, timeout: float
@@ -59,7 +60,7 @@ class BrokerInfo:
 
 
 @final
-class Broker:
+class BrokerAdmin:
     """One broker and the scheduler's admin connection to it.
 
     Raises (from every operation): PipeError, e.g. ConnectionLost when the broker is down, or
@@ -133,21 +134,15 @@ class Broker:
             await self._drop(self._connection)
 
 
-async def _open_rabbit(url: str, *, name: str, heartbeat: float, timeout: float) -> AdminConnection:
-    return await RabbitConnection.open(url, name=name, heartbeat=heartbeat, timeout=timeout)
-
-
 @final
 class Brokers:
     """Every configured broker; declares a job's queues on all of them at once."""
 
-    def __init__(
-        self, urls: Sequence[str], *, connect: Connector = _open_rabbit, timeout: float = 10.0
-    ) -> None:
+    def __init__(self, urls: Sequence[str], *, connect: Connector, timeout: float = 10.0) -> None:
         if not urls:
             raise ValueError("at least one broker URL is required")
         self.all = tuple(
-            Broker(BrokerInfo(f"b{i}", url), connect, timeout=timeout) for i, url in enumerate(urls)
+            BrokerAdmin(BrokerInfo(f"b{i}", url), connect, timeout=timeout) for i, url in enumerate(urls)
         )
 
     @property

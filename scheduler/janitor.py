@@ -27,7 +27,7 @@ from typing import Final, final
 
 from truba.backoff import Backoff
 from truba.pipes.errors import PipeError
-from truba.scheduler.brokers import Broker, Brokers
+from truba.scheduler.brokers import BrokerAdmin, Brokers
 from truba.scheduler.model import JobQueues, job_queues
 from truba.scheduler.store import JobStore
 
@@ -101,7 +101,7 @@ class QueueJanitor:
     async def _restore(self, queues: list[JobQueues]) -> None:
         await asyncio.gather(*(self._restore_on(broker, queues) for broker in self._brokers.all))
 
-    async def _restore_on(self, broker: Broker, queues: list[JobQueues]) -> None:
+    async def _restore_on(self, broker: BrokerAdmin, queues: list[JobQueues]) -> None:
         for done, job in enumerate(queues):
             try:
                 await broker.declare(job)
@@ -140,7 +140,7 @@ class QueueJanitor:
                     )
             log.debug("sched.queues.resweeped", extra={"job_id": job_id, "after": at})
 
-    async def _reap_on(self, broker: Broker, job_id: str) -> None:
+    async def _reap_on(self, broker: BrokerAdmin, job_id: str) -> None:
         queues = job_queues(job_id)
         attempt = 0
         while True:

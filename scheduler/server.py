@@ -25,7 +25,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
-from truba.pipes.rabbit import redact
+from truba.pipes.broker import redact
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
@@ -38,6 +38,7 @@ from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, JobLifecycle
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.wiring import open_admin
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class Scheduler:
         stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
         store = SqliteJobStore(config.state_dir / STORE_FILE)
         stack.callback(store.close)
-        brokers = Brokers(config.brokers, timeout=config.broker_timeout)
+        brokers = Brokers(config.brokers, connect=open_admin, timeout=config.broker_timeout)
         stack.push_async_callback(brokers.close)
         janitor = QueueJanitor(brokers, store)
         stack.push_async_callback(janitor.close)

@@ -12,20 +12,25 @@ Every AMQP exception is translated once, by :func:`map_amqp_errors`. A leaf that
 for good; :mod:`truba.pipes.reopen` opens a fresh one.
 """
 
-from truba.pipes.rabbit.connection import DELIVERY_LIMIT, QueueSpec, RabbitBroker, RabbitConnection
+from truba.pipes.rabbit.connection import (
+    DELIVERY_LIMIT,
+    RabbitBroker,
+    RabbitConnection,
+    queue_arguments,
+    rabbit_brokers,
+)
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitDelivery, RabbitListener
 from truba.pipes.rabbit.sender import RabbitSender
-from truba.pipes.rabbit.util import redact
 
 __all__ = [
     "DELIVERY_LIMIT",
-    "QueueSpec",
     "RabbitBroker",
     "RabbitConnection",
     "RabbitDelivery",
     "RabbitListener",
     "RabbitSender",
     "map_amqp_errors",
-    "redact",
+    "queue_arguments",
+    "rabbit_brokers",
 ]

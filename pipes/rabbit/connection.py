@@ -6,20 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Final, final
 
 import aio_pika
 import aiormq.exceptions as amqp
 from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
 
+from truba.pipes.broker import Broker, BrokerFactory, QueueSpec, redact
 from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
 from truba.pipes.rabbit.sender import RabbitSender
 from truba.pipes.rabbit.stream import read_stream
-from truba.pipes.rabbit.util import close_quietly, redact
+from truba.pipes.rabbit.util import close_quietly
 
 log = logging.getLogger(__name__)
 
@@ -36,36 +37,22 @@ STREAM_SEGMENT_BYTES: Final = 8 * 1024 * 1024
 retention drops whole segments, hence segments much smaller than the 500 MB default."""
 
 
-@dataclass(frozen=True)
-class QueueSpec:
-    """A durable queue and how it dead-letters.
-
-    ``kind`` is ``"quorum"`` (the default: fsync before confirm, a delivery count),
-    ``"classic"``, or ``"stream"`` (an append-only log read from an offset, kept for
-    :data:`STREAM_MAX_AGE`). ``dead_letter_to`` names the queue rejected messages go to.
-    ``max_priority`` makes a priority queue (classic queues only on RabbitMQ 3.x).
-    """
-
-    name: str
-    kind: str = "quorum"
-    dead_letter_to: str | None = None
-    max_priority: int | None = None
-
-    def arguments(self) -> dict[str, FieldValue]:
-        args: dict[str, FieldValue] = {"x-queue-type": self.kind}
-        if self.kind == "stream":
-            args["x-max-age"] = STREAM_MAX_AGE
-            args["x-max-length-bytes"] = STREAM_MAX_BYTES
-            args["x-stream-max-segment-size-bytes"] = STREAM_SEGMENT_BYTES
-            return args
-        if self.max_priority is not None:
-            args["x-max-priority"] = self.max_priority
-        if self.kind == "quorum":
-            args["x-delivery-limit"] = DELIVERY_LIMIT
-        if self.dead_letter_to is not None:
-            args["x-dead-letter-exchange"] = ""
-            args["x-dead-letter-routing-key"] = self.dead_letter_to
+def queue_arguments(spec: QueueSpec) -> dict[str, FieldValue]:
+    """The AMQP ``x-`` arguments that declare ``spec`` on RabbitMQ."""
+    args: dict[str, FieldValue] = {"x-queue-type": spec.kind}
+    if spec.kind == "stream":
+        args["x-max-age"] = STREAM_MAX_AGE
+        args["x-max-length-bytes"] = STREAM_MAX_BYTES
+        args["x-stream-max-segment-size-bytes"] = STREAM_SEGMENT_BYTES
         return args
+    if spec.max_priority is not None:
+        args["x-max-priority"] = spec.max_priority
+    if spec.kind == "quorum":
+        args["x-delivery-limit"] = DELIVERY_LIMIT
+    if spec.dead_letter_to is not None:
+        args["x-dead-letter-exchange"] = ""
+        args["x-dead-letter-routing-key"] = spec.dead_letter_to
+    return args
 
 
 @final
@@ -174,7 +161,7 @@ class RabbitConnection:
         with map_amqp_errors(f"consume {name}"):
             await channel.set_qos(prefetch_count=prefetch)
             if isinstance(queue, QueueSpec):
-                amqp_queue = await channel.declare_queue(name, durable=True, arguments=queue.arguments())
+                amqp_queue = await channel.declare_queue(name, durable=True, arguments=queue_arguments(queue))
             else:
                 amqp_queue = await channel.declare_queue(name, passive=True)
         listener = RabbitListener(channel, amqp_queue, self.url)
@@ -205,7 +192,7 @@ class RabbitConnection:
         channel = await self._channel(confirms=False)
         try:
             with map_amqp_errors(f"declare {spec.name}"):
-                await channel.declare_queue(spec.name, durable=True, arguments=spec.arguments())
+                await channel.declare_queue(spec.name, durable=True, arguments=queue_arguments(spec))
         finally:
             await close_quietly(channel)
 
@@ -294,6 +281,26 @@ class RabbitBroker:
         connection = await self.connection()
         return await connection.listener(queue, prefetch=prefetch)
 
+    async def read_log(
+        self, queue: str, since: float | None, each: Callable[[bytes], None], *, timeout: float
+    ) -> int:
+        """Reads the stream ``queue`` since ``since`` (None: as far back as it is kept), connecting
+        first, all within ``timeout`` seconds (see :meth:`RabbitConnection.read_stream`)."""
+        start = time.time() - STREAM_MAX_AGE_SECONDS if since is None else since
+        async with asyncio.timeout(timeout):
+            connection = await self.connection()
+            return await connection.read_stream(queue, start, each, timeout=timeout)
+
+    async def has_queue(self, name: str) -> bool:
+        """Whether ``name`` exists (a passive declare on a fresh channel)."""
+        connection = await self.connection()
+        return await connection.message_count(name) is not None
+
+    async def declare(self, spec: QueueSpec) -> None:
+        """Declares ``spec`` on the shared connection (see :meth:`RabbitConnection.declare`)."""
+        connection = await self.connection()
+        await connection.declare(spec)
+
     async def close(self) -> None:
         """Closes the connection and every leaf on it; idempotent."""
         self._closed = True
@@ -303,3 +310,13 @@ class RabbitBroker:
 
 def _name(queue: str | QueueSpec) -> str:
     return queue.name if isinstance(queue, QueueSpec) else queue
+
+
+def rabbit_brokers(name: str, *, heartbeat: float = 10.0, connect_timeout: float = 10.0) -> BrokerFactory:
+    """A :data:`~truba.pipes.broker.BrokerFactory` of :class:`RabbitBroker` links that introduce
+    themselves as ``name``."""
+
+    def open_link(url: str) -> Broker:
+        return RabbitBroker(url, name=name, heartbeat=heartbeat, connect_timeout=connect_timeout)
+
+    return open_link

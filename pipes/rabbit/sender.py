@@ -13,14 +13,14 @@ from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
 from truba.pipes.base import Confirmation
+from truba.pipes.broker import SENT_AT, redact
 from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, PipeError, SendTimeout
 from truba.pipes.rabbit.errors import map_amqp_errors
-from truba.pipes.rabbit.util import close_quietly, redact
+from truba.pipes.rabbit.util import close_quietly
 
 log = logging.getLogger(__name__)
 
 PERSISTENT: Final = int(aio_pika.DeliveryMode.PERSISTENT)
-SENT_AT: Final = "truba-sent-at"
 """Header of every message: when it was published (Unix time, whole seconds, the sender's clock).
 A consumer of a redelivered message reads a record from about then (see truba.pipes.record)."""
 

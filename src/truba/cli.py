@@ -104,7 +104,7 @@ def _status(args: argparse.Namespace) -> int:
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     from truba.channel import Credentials, open_blocking_channel
-    from truba.pipes.rabbit import redact
+    from truba.pipes.broker import redact
     from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
     credentials = Credentials.from_env()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from truba.pipes.rabbit import QueueSpec
+from truba.pipes.broker import QueueSpec
 from truba.proto.v1 import common_pb2
 
 MAX_PRIORITY = 9

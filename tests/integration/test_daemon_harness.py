@@ -30,9 +30,10 @@ import msgpack
 import pika
 
 from tests import waiting
+from truba.pipes.broker import QueueSpec
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
+from truba.pipes.rabbit import RabbitBroker, RabbitConnection
 from truba.pipes.stacks import listen_stack, send_stack
 from truba.proto.v1 import common_pb2, daemons_pb2, daemons_pb2_grpc
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage

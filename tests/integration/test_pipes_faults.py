@@ -16,9 +16,10 @@ import pytest
 from brokers import Broker, amqp_url
 
 from truba.pipes.base import Confirmation, Sender
+from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import MessageRejected
 from truba.pipes.prefetch import Window
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
+from truba.pipes.rabbit import RabbitBroker, RabbitConnection
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]

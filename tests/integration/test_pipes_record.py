@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from truba.pipes.broker import SENT_AT, QueueSpec
 from truba.pipes.frame import FrameLimits, pack
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection
-from truba.pipes.rabbit.sender import SENT_AT
+from truba.pipes.rabbit import RabbitBroker, RabbitConnection
 from truba.pipes.record import DoneRecord
 from truba.pipes.stacks import SendOptions, send_stack
 from truba.pipes.testing import FakeDelivery, FakeListener

@@ -34,8 +34,9 @@ from tests.unit.pipes.contract import (
 from truba.backoff import Backoff
 from truba.local import ThreadedFaultProxy
 from truba.pipes.base import Listener, Sender
+from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.rabbit import QueueSpec, RabbitBroker, RabbitConnection, RabbitListener, RabbitSender
+from truba.pipes.rabbit import RabbitBroker, RabbitConnection, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
 

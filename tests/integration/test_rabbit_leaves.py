@@ -7,8 +7,9 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, SendTimeout
-from truba.pipes.rabbit import QueueSpec, RabbitConnection
+from truba.pipes.rabbit import RabbitConnection
 
 pytestmark = pytest.mark.integration
 

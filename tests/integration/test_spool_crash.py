@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from truba.pipes.rabbit import QueueSpec, RabbitConnection
+from truba.pipes.broker import QueueSpec
+from truba.pipes.rabbit import RabbitConnection
 
 pytestmark = pytest.mark.integration
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from truba.pipes.broker import QueueSpec, redact
 from truba.pipes.errors import ChannelLost, ConnectionLost
-from truba.pipes.rabbit import QueueSpec, redact
 from truba.scheduler.brokers import AdminConnection, Brokers
 
 

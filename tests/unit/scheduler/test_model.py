@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import re
 
+from truba.pipes.rabbit import queue_arguments
 from truba.scheduler.allow import allowed
 from truba.scheduler.model import JobIds, job_queues
 
@@ -40,7 +41,7 @@ def test_queue_names_derive_from_the_job_id() -> None:
 
 
 def test_the_record_is_a_stream_with_bounded_retention_and_the_others_dead_letter() -> None:
-    specs = {spec.name: spec.arguments() for spec in job_queues("abc123").specs()}
+    specs = {spec.name: queue_arguments(spec) for spec in job_queues("abc123").specs()}
     record = specs["truba.job.abc123.done"]
     assert record["x-queue-type"] == "stream"
     assert record["x-max-age"] == "3600s" and record["x-max-length-bytes"] == 256 * 1024 * 1024

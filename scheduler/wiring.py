@@ -1,0 +1,15 @@
+"""The scheduler's composition root: the one module of :mod:`truba.scheduler` that names a
+transport. :class:`~truba.scheduler.brokers.Brokers` administers queues through the
+:class:`~truba.scheduler.brokers.AdminConnection` that :func:`open_admin` opens (RabbitMQ)."""
+
+from __future__ import annotations
+
+from truba.pipes.rabbit import RabbitConnection
+from truba.scheduler.brokers import AdminConnection
+
+__all__ = ["open_admin"]
+
+
+async def open_admin(url: str, *, name: str, heartbeat: float, timeout: float) -> AdminConnection:
+    """An admin connection to the RabbitMQ broker at ``url`` (the first connect error is raised)."""
+    return await RabbitConnection.open(url, name=name, heartbeat=heartbeat, timeout=timeout)
