@@ -1,5 +1,9 @@
 """Scriptable in-memory fakes of the pipe interfaces, shipped so users can test their own code.
 
+:class:`FakeBroker` (from :mod:`truba.pipes.fake_broker`) stands for a whole broker: pass it to
+``Client(brokers=...)`` or ``Daemon(brokers=...)``. :class:`FakeSender` and :class:`FakeListener`
+stand for one leaf, under a layer under test.
+
 After tower-test's handle: a test drives the fake (``confirm``, ``fail_next``, ``break_``,
 ``push``, ``close_from_remote``) and inspects what happened (``sent``, ``acked``, ``rejected``).
 Nothing here sleeps or touches the network.
@@ -15,6 +19,18 @@ from typing import Generic, TypeVar, final
 
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed, PipeError
+from truba.pipes.fake_broker import FakeBroker
+from truba.pipes.fake_leaves import FakeBrokerDelivery, FakeBrokerListener, FakeBrokerSender
+
+__all__ = [
+    "FakeBroker",
+    "FakeBrokerDelivery",
+    "FakeBrokerListener",
+    "FakeBrokerSender",
+    "FakeDelivery",
+    "FakeListener",
+    "FakeSender",
+]
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
