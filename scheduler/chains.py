@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Final, final
 
-from truba.scheduler.board import Board
-from truba.scheduler.pools import Pools
+from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.handler_pools import HandlerPools
 
 MAX_HOPS: Final = 3
 """Most slots a chain takes from jobs (so at most two jobs in between a donor and the receiver)."""
@@ -29,7 +29,7 @@ Hop = tuple[str, str | None, str]
 
 @final
 class Chains:
-    """Finds chains on ``board``; keep one per round and tell it about every move (:meth:`moved`).
+    """Finds chains on ``draft``; keep one per round and tell it about every move (:meth:`moved`).
 
     Args:
         pools: which daemons are in which pool, and which pools may run which handler.
@@ -40,13 +40,13 @@ class Chains:
 
     def __init__(
         self,
-        board: Board,
-        pools: Pools,
+        draft: DraftAssignment,
+        pools: HandlerPools,
         slots: Mapping[str, int],
         handler: Mapping[str, str],
         on_hold: Callable[[str, str], bool],
     ) -> None:
-        self._board = board
+        self._draft = draft
         self._pools = pools
         self._slots = slots
         self._handler = handler
@@ -112,7 +112,7 @@ class Chains:
     def _free_slots(self) -> dict[int, int]:
         if self._free is None:
             self._free = {
-                pool: sum(max(0, self._slots[d] - self._board.used[d]) for d in members)
+                pool: sum(max(0, self._slots[d] - self._draft.used[d]) for d in members)
                 for pool, members in enumerate(self._pools.members)
             }
         return self._free
@@ -124,16 +124,16 @@ class Chains:
 
     def _free_daemon(self, job: str, pool: int) -> str:
         """A daemon of ``pool`` with a free slot, where ``job`` has the fewest slots."""
-        mine = self._board.by_job.get(job, {})
+        mine = self._draft.by_job.get(job, {})
         return min(
-            (mine.get(d, 0), d) for d in self._pools.members[pool] if self._board.used[d] < self._slots[d]
+            (mine.get(d, 0), d) for d in self._pools.members[pool] if self._draft.used[d] < self._slots[d]
         )[1]
 
     def _holders_in(self, pool: int) -> dict[str, int]:
         if pool not in self._holders:
             holders: dict[str, int] = {}
             for daemon in self._pools.members[pool]:
-                for job, n in self._board.by_daemon[daemon].items():
+                for job, n in self._draft.by_daemon[daemon].items():
                     if not self._on_hold(daemon, job):
                         holders[job] = holders.get(job, 0) + n
             self._holders[pool] = holders
@@ -150,8 +150,8 @@ class Chains:
 
     def _daemon(self, giver: str, taker: str, pool: int) -> str:
         """The giver's daemon in ``pool`` to take from: where the taker has fewest slots (spread)."""
-        theirs = self._board.by_job[giver]
-        mine = self._board.by_job.get(taker, {})
+        theirs = self._draft.by_job[giver]
+        mine = self._draft.by_job.get(taker, {})
         candidates = [
             (mine.get(d, 0), -n, d)
             for d, n in theirs.items()

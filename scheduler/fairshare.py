@@ -41,7 +41,7 @@ class Shares:
     by_pool: list[dict[int, float]]
     """How each job's target splits over pools (one valid split; used to place free slots)."""
     fill_order: list[int]
-    """Pools, those that filled up first (the most contended) first."""
+    """HandlerPools, those that filled up first (the most contended) first."""
 
 
 def fair_shares(
@@ -205,7 +205,7 @@ class _Network:
         return parent
 
     def reachable_pools(self) -> frozenset[int]:
-        """Pools reachable from the source in the residual graph: an over-subscribed set."""
+        """HandlerPools reachable from the source in the residual graph: an over-subscribed set."""
         reached = self._search()
         return frozenset(p for i, p in enumerate(self._pools) if self._m + 1 + i in reached)
 

@@ -37,9 +37,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from truba.scheduler.board import Board
 from truba.scheduler.chains import Chains, Hop
-from truba.scheduler.pools import Pools
+from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.waterfill import KEY_DIGITS
 
 EPS: Final = 1e-9
@@ -54,23 +54,23 @@ class Outcome:
 
 
 def rebalance(
-    board: Board,
+    draft: DraftAssignment,
     targets: Mapping[str, float],
     floors: Mapping[str, int],
     ranks: Mapping[str, int],
     *,
-    pools: Pools,
+    pools: HandlerPools,
     slots: Mapping[str, int],
     handler: Mapping[str, str],
     on_hold: Callable[[str, str], bool],
     deadband: float,
     max_moves: int,
 ) -> Outcome:
-    """Makes moves on ``board`` until none is allowed or ``max_moves`` were made.
+    """Makes moves on ``draft`` until none is allowed or ``max_moves`` were made.
 
     Args:
-        board: the assignment, changed in place.
-        targets: fair share per job (every job on the board has one).
+        draft: the assignment, changed in place.
+        targets: fair share per job (every job on the draft has one).
         floors: slots per job that ignore the deadband while missing (its min_slots, as far as
             its share covers them).
         ranks: stable order per job, older first.
@@ -79,24 +79,24 @@ def rebalance(
         handler: job id -> handler.
         on_hold: whether a job's slots on a daemon are too fresh to take (daemon, job).
     """
-    chains = Chains(board, pools, slots, handler, on_hold)
-    return _Rebalance(board, targets, floors, ranks, pools, handler, on_hold, chains, deadband).run(max_moves)
+    chains = Chains(draft, pools, slots, handler, on_hold)
+    return _Rebalance(draft, targets, floors, ranks, pools, handler, on_hold, chains, deadband).run(max_moves)
 
 
 class _Rebalance:
     def __init__(
         self,
-        board: Board,
+        draft: DraftAssignment,
         targets: Mapping[str, float],
         floors: Mapping[str, int],
         ranks: Mapping[str, int],
-        pools: Pools,
+        pools: HandlerPools,
         handler: Mapping[str, str],
         on_hold: Callable[[str, str], bool],
         chains: Chains,
         deadband: float,
     ) -> None:
-        self.board = board
+        self.draft = draft
         self.floors = floors
         self.ranks = ranks
         self.pools = pools
@@ -104,7 +104,7 @@ class _Rebalance:
         self.on_hold = on_hold
         self.chains = chains
         self.deadband = deadband
-        self.dev = {j: board.totals.get(j, 0) - t for j, t in targets.items()}
+        self.dev = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
         self.receivers: list[tuple[bool, float, int, str]] = []
         self.donors: list[tuple[float, int, str]] = []
         self.blocked = False
@@ -114,7 +114,7 @@ class _Rebalance:
             self._push(job)
 
     def _below_floor(self, job: str) -> bool:
-        return self.board.totals.get(job, 0) < self.floors.get(job, 0)
+        return self.draft.totals.get(job, 0) < self.floors.get(job, 0)
 
     def _key(self, job: str) -> float:
         return round(self.dev[job], KEY_DIGITS)
@@ -137,9 +137,9 @@ class _Rebalance:
                 return Outcome(moves, False)
             for daemon, giver, taker in hops:
                 if giver is None:
-                    self.board.add(daemon, taker)
+                    self.draft.add(daemon, taker)
                 else:
-                    self.board.move(daemon, giver, taker)
+                    self.draft.move(daemon, giver, taker)
                 self.chains.moved(daemon, giver, taker)
             donor, receiver = hops[0][1], hops[-1][2]
             if donor is not None:
@@ -220,8 +220,8 @@ class _Rebalance:
         """The donor's daemon to take from, and whether some daemon was ruled out by the hold."""
         best: tuple[int, int, str] | None = None
         held = False
-        mine = self.board.by_job.get(receiver, {})
-        for daemon, n in self.board.by_job.get(donor, {}).items():
+        mine = self.draft.by_job.get(receiver, {})
+        for daemon, n in self.draft.by_job.get(donor, {}).items():
             if not self.pools.may_run(daemon, self.handler[receiver]):
                 continue
             if self.on_hold(daemon, donor):

@@ -1,6 +1,6 @@
 """Which daemons a job's slots go on, and which come back when some must.
 
-Three operations on a :class:`~truba.scheduler.board.Board`, none of them a *move* (a slot
+Three operations on a :class:`~truba.scheduler.draft.DraftAssignment`, none of them a *move* (a slot
 taken from one job for another):
 
 - :func:`spread` hands free slots to jobs, one daemon at a time round-robin, preferring daemons
@@ -20,25 +20,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from truba.scheduler.board import Board
+from truba.scheduler.draft import DraftAssignment
 from truba.scheduler.waterfill import distribute
 
 
 def spread(
-    board: Board, additions: Sequence[tuple[str, int]], daemons: Sequence[str], capacity: Mapping[str, int]
+    draft: DraftAssignment,
+    additions: Sequence[tuple[str, int]],
+    daemons: Sequence[str],
+    capacity: Mapping[str, int],
 ) -> None:
     """Places ``additions`` (job, slots), in order, on the free slots of ``daemons``.
 
     The caller guarantees that the additions fit in the free slots.
     """
-    free = {d: capacity[d] - board.used[d] for d in daemons}
+    free = {d: capacity[d] - draft.used[d] for d in daemons}
     ring = [d for d in daemons if free[d] > 0]
     at = 0
     full = 0  # daemons in the ring with no free slot left
     for job, count in additions:
         if count <= 0 or not ring:
             continue
-        where = board.by_job.setdefault(job, {})
+        where = draft.by_job.setdefault(job, {})
         # Round-robin over daemons where the job holds nothing yet, from where the last job
         # stopped, so consecutive jobs start on different daemons.
         placed = 0
@@ -48,21 +51,21 @@ def spread(
             daemon = ring[(at + steps) % size]
             steps += 1
             if free[daemon] > 0 and daemon not in where:
-                row = board.by_daemon[daemon]
+                row = draft.by_daemon[daemon]
                 row[job] = row.get(job, 0) + 1
                 where[daemon] = 1
                 free[daemon] -= 1
                 full += free[daemon] == 0
-                board.used[daemon] += 1
+                draft.used[daemon] += 1
                 placed += 1
         at = (at + steps) % size
-        board.totals[job] = board.totals.get(job, 0) + placed
+        draft.totals[job] = draft.totals.get(job, 0) + placed
         if placed < count:
             # Every daemon with room has some of the job: level its count over them.
             open_ = [d for d in ring if free[d] > 0]
             extra = distribute([where.get(d, 0) for d in open_], [free[d] for d in open_], count - placed)
             for daemon, n in zip(open_, extra, strict=True):
-                board.add(daemon, job, n)
+                draft.add(daemon, job, n)
                 free[daemon] -= n
                 full += n > 0 and free[daemon] == 0
         if 2 * full > len(ring):
@@ -77,28 +80,30 @@ def _compact(ring: list[str], at: int, free: Mapping[str, int]) -> tuple[list[st
     return live, (before % len(live)) if live else 0
 
 
-def shed(board: Board, job: str, count: int) -> None:
+def shed(draft: DraftAssignment, job: str, count: int) -> None:
     """Takes ``count`` of ``job``'s slots back, from the daemons where it holds the most."""
-    where = sorted(board.by_job.get(job, {}).items())
+    where = sorted(draft.by_job.get(job, {}).items())
     if count <= 0 or not where:
         return
     take = distribute([-n for _, n in where], [n for _, n in where], count)
     for (daemon, _), n in zip(where, take, strict=True):
-        board.remove(daemon, job, n)
+        draft.remove(daemon, job, n)
 
 
-def trim(board: Board, daemon: str, count: int, excess: dict[str, float], ranks: Mapping[str, int]) -> None:
+def trim(
+    draft: DraftAssignment, daemon: str, count: int, excess: dict[str, float], ranks: Mapping[str, int]
+) -> None:
     """Takes ``count`` slots back on ``daemon``, from the jobs with the most ``excess`` first.
 
     ``excess`` is each job's slots minus its share, updated here; ties lose the newest job's
     slot first.
     """
-    row = sorted(board.by_daemon[daemon].items())
+    row = sorted(draft.by_daemon[daemon].items())
     if count <= 0 or not row:
         return
     take = distribute(
         [-excess.get(j, 0.0) for j, _ in row], [n for _, n in row], count, [-ranks.get(j, 0) for j, _ in row]
     )
     for (job, _), n in zip(row, take, strict=True):
-        board.remove(daemon, job, n)
+        draft.remove(daemon, job, n)
         excess[job] = excess.get(job, 0.0) - n

@@ -30,11 +30,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from truba.scheduler.board import Assignment, Board
+from truba.scheduler.draft import Assignment, DraftAssignment
 from truba.scheduler.fairshare import Shares, fair_shares
+from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.moves import rebalance
 from truba.scheduler.placement import shed, spread, trim
-from truba.scheduler.pools import Pools
 from truba.scheduler.waterfill import KEY_DIGITS, distribute
 
 __all__ = ["Assignment", "Capacity", "JobSpec", "Plan", "Policy", "gains", "job_totals", "plan"]
@@ -152,7 +152,7 @@ def plan(
     specs = {job.id: job for job in jobs}
     ids = sorted(specs, key=lambda j: (specs[j].created_at, j))
     ranks = {job_id: i for i, job_id in enumerate(ids)}
-    pools = Pools([(d, slots[d], caps[d].allow) for d in order], (s.handler for s in specs.values()))
+    pools = HandlerPools([(d, slots[d], caps[d].allow) for d in order], (s.handler for s in specs.values()))
     shares, ceiling = _shares(pools, [specs[j] for j in ids])
     targets = dict(zip(ids, shares.targets, strict=True))
     handler = {job_id: spec.handler for job_id, spec in specs.items()}
@@ -169,8 +169,8 @@ def plan(
         pool = pools.of_daemon[daemon]
         return nobody if pool is None else allowed_on[pool]
 
-    board = Board(order, current, keep)
-    _free_excess(board, slots, ceiling, targets, ranks)
+    draft = DraftAssignment(order, current, keep)
+    _free_excess(draft, slots, ceiling, targets, ranks)
 
     # 2 and 3. Hand out free slots; move; a move may leave its donor wanting a slot that is free
     # elsewhere, so hand out again until nothing changes (each round uses up a free slot).
@@ -183,10 +183,10 @@ def plan(
 
     moves = 0
     settled = True
-    _hand_out(board, pools, shares, jobs_of, ceiling, slots)
+    _hand_out(draft, pools, shares, jobs_of, ceiling, slots)
     while True:
         outcome = rebalance(
-            board,
+            draft,
             targets,
             floors,
             ranks,
@@ -199,30 +199,30 @@ def plan(
         )
         moves += outcome.moves
         settled = settled and outcome.settled
-        if not outcome.moves or not _hand_out(board, pools, shares, jobs_of, ceiling, slots):
+        if not outcome.moves or not _hand_out(draft, pools, shares, jobs_of, ceiling, slots):
             break
     targets_out = {j: float(round(t, KEY_DIGITS)) for j, t in targets.items()}
-    return Plan(board.by_daemon, targets_out, moves, settled)
+    return Plan(draft.by_daemon, targets_out, moves, settled)
 
 
 def _free_excess(
-    board: Board,
+    draft: DraftAssignment,
     slots: Mapping[str, int],
     ceiling: Mapping[str, int],
     targets: Mapping[str, float],
     ranks: Mapping[str, int],
 ) -> None:
     """Takes back what no job may keep: beyond its ceiling, then beyond a daemon's capacity."""
-    for job_id, held in list(board.totals.items()):
+    for job_id, held in list(draft.totals.items()):
         if held > ceiling[job_id]:
-            shed(board, job_id, held - ceiling[job_id])
-    excess = {j: board.totals.get(j, 0) - t for j, t in targets.items()}
+            shed(draft, job_id, held - ceiling[job_id])
+    excess = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
     for daemon, capacity in slots.items():
-        if board.used[daemon] > capacity:
-            trim(board, daemon, board.used[daemon] - capacity, excess, ranks)
+        if draft.used[daemon] > capacity:
+            trim(draft, daemon, draft.used[daemon] - capacity, excess, ranks)
 
 
-def _shares(pools: Pools, jobs: list[JobSpec]) -> tuple[Shares, dict[str, int]]:
+def _shares(pools: HandlerPools, jobs: list[JobSpec]) -> tuple[Shares, dict[str, int]]:
     """Fair shares of ``jobs`` (oldest first), and each job's ceiling: demand, max, reach."""
     eligible = [pools.of_handler[j.handler] for j in jobs]
     hi = [_ceiling(j, sum(pools.capacity[p] for p in e)) for j, e in zip(jobs, eligible, strict=True)]
@@ -241,8 +241,8 @@ def _ceiling(spec: JobSpec, reachable: int) -> int:
 
 
 def _hand_out(
-    board: Board,
-    pools: Pools,
+    draft: DraftAssignment,
+    pools: HandlerPools,
     shares: Shares,
     jobs_of: list[list[tuple[int, str]]],
     ceiling: Mapping[str, int],
@@ -258,21 +258,21 @@ def _hand_out(
     given = 0
     for pool in shares.fill_order:
         members = pools.members[pool]
-        free = sum(slots[d] - board.used[d] for d in members)
-        candidates = [(r, j) for r, j in jobs_of[pool] if board.totals.get(j, 0) < ceiling[j]]
+        free = sum(slots[d] - draft.used[d] for d in members)
+        candidates = [(r, j) for r, j in jobs_of[pool] if draft.totals.get(j, 0) < ceiling[j]]
         if free <= 0 or not candidates:
             continue
-        keys = [_in_pool(board, j, pools, pool) - shares.by_pool[r].get(pool, 0.0) for r, j in candidates]
-        rooms = [ceiling[j] - board.totals.get(j, 0) for _, j in candidates]
+        keys = [_in_pool(draft, j, pools, pool) - shares.by_pool[r].get(pool, 0.0) for r, j in candidates]
+        rooms = [ceiling[j] - draft.totals.get(j, 0) for _, j in candidates]
         counts = distribute(keys, rooms, free, [r for r, _ in candidates])
         additions = [(j, n) for (_, j), n in zip(candidates, counts, strict=True) if n > 0]
-        spread(board, additions, members, slots)
+        spread(draft, additions, members, slots)
         given += sum(counts)
     return given
 
 
-def _in_pool(board: Board, job_id: str, pools: Pools, pool: int) -> int:
-    where = board.by_job.get(job_id, {})
+def _in_pool(draft: DraftAssignment, job_id: str, pools: HandlerPools, pool: int) -> int:
+    where = draft.by_job.get(job_id, {})
     if len(pools.members) == 1:
         return sum(where.values())
     return sum(n for d, n in where.items() if pools.of_daemon[d] == pool)

@@ -23,8 +23,8 @@ def allows(handler: str, patterns: tuple[str, ...]) -> bool:
 
 
 @final
-class Pools:
-    """Pools of ``daemons`` for ``handlers``, numbered in a stable order (by handler set).
+class HandlerPools:
+    """HandlerPools of ``daemons`` for ``handlers``, numbered in a stable order (by handler set).
 
     Args:
         daemons: (daemon id, slots, allow patterns), in the order members are listed.
@@ -56,7 +56,7 @@ class Pools:
             if self.capacity[i] > 0:
                 for h in key:
                     self.of_handler[h] = self.of_handler[h] | {i}
-        """Pools with slots that may run each handler."""
+        """HandlerPools with slots that may run each handler."""
 
     def may_run(self, daemon_id: str, handler: str) -> bool:
         """Whether ``daemon_id`` may run ``handler`` (both known to this grouping)."""

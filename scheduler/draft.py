@@ -15,7 +15,7 @@ Assignment = dict[str, dict[str, int]]
 
 
 @final
-class Board:
+class DraftAssignment:
     """daemon -> job -> slots (``by_daemon``) and job -> daemon -> slots (``by_job``), in step.
 
     Args:
