@@ -165,7 +165,7 @@ def main() -> int:
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
     os.chdir(ROOT)
-    from truba.local.node import start_nodes
+    from truba.local.nodes import start_nodes
 
     nodes = start_nodes(Path(tempfile.mkdtemp(prefix="truba-bench-")), 2)
     result: dict[str, dict[str, object]] = {}

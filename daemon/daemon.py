@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import os
 import socket
@@ -28,23 +27,17 @@ from truba.daemon.allow import is_allowed
 from truba.daemon.control import SchedulerLink
 from truba.daemon.ends import JobPipes
 from truba.daemon.forkserver import ForkServer
+from truba.daemon.job_pipes import Wanted, open_job_pipes
 from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slots import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.daemon.wiring import default_brokers
-from truba.pipes.base import Sender
-from truba.pipes.broker import Broker, BrokerFactory, QueueSpec, redact
-from truba.pipes.errors import CodecError
-from truba.pipes.frame import FrameLimits
+from truba.pipes.broker import Broker, BrokerFactory, redact
 from truba.pipes.prefetch import Window
-from truba.pipes.record import DoneRecord
-from truba.pipes.route import RouteSender
-from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.proto.v1 import daemons_pb2
 from truba.queues import queues_of
-from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
 REOPEN_DELAY: Final = 1.0
@@ -80,21 +73,6 @@ class DaemonConfig:
     drain_timeout: float | None = None
     stop_confirm_timeout: float = 5.0
     fork_server: bool = True
-
-
-@dataclass(frozen=True)
-class Wanted:
-    """One job of the scheduler's assignment."""
-
-    handler: str
-    slots: int
-    tasks_queue: str | QueueSpec
-    """A spec, so that a broker that lost the queue (its data wiped) gets it declared again."""
-    results_queue: str | QueueSpec
-    dead_queue: str | QueueSpec
-    settings: JobSettings = JobSettings()
-    record: QueueSpec | None = None
-    """The stream results are copied to, read for redelivered tasks (see truba.pipes.record)."""
 
 
 class Daemon:
@@ -352,63 +330,6 @@ class Daemon:
             },
         )
 
-    def _requeue_stack(self, job: Wanted, priority: int) -> Sender[TaskMessage]:
-        """Puts tasks back into their queue, each priority level through its own stack (RabbitMQ
-        reads the priority from the AMQP properties; the body keeps it too)."""
-        options = SendOptions(priority=priority if job.settings.priorities else None)
-        # A preempted runner hands back many at once; not with priorities (see the client's tasks).
-        frames = FrameLimits() if job.settings.frames and not job.settings.priorities else None
-        return send_stack(
-            TaskCodec(), self._links, job.tasks_queue, role="requeue", options=options, frames=frames
-        )
-
     def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
-        """The job's pipes (see truba.pipes.stacks); they connect lazily.
-
-        Results are copied to the job's record, which a redelivered task (a frame a dead daemon
-        had half done, or a task whose result was confirmed but not acked) is looked up in.
-        """
-        done = None
-        if job.record is not None:
-            done = DoneRecord(
-                self._links, job.record.name, result_key=_task_id_of_result, member_key=_task_id_of_task
-            )
-        result_frames = FrameLimits() if job.settings.frames else None
-        return JobPipes(
-            tasks=listen_stack(
-                TaskCodec(),
-                self._links,
-                job.tasks_queue,
-                window,
-                role="tasks",
-                dead_letter_queue=job.dead_queue,
-                done=done,
-            ),
-            results=send_stack(
-                ResultCodec(),
-                self._links,
-                job.results_queue,
-                role="results",
-                options=SendOptions(copy_to=job.record),
-                frames=result_frames,
-            ),
-            requeue=RouteSender(lambda task: task.priority, functools.partial(self._requeue_stack, job)),
-            dead=send_stack(GaveUpCodec(), self._links, job.dead_queue, role="dead"),
-            result_frames=result_frames,
-        )
-
-
-def _task_id_of_result(data: bytes) -> str | None:
-    """The task id of a recorded result (None: not a result message)."""
-    try:
-        return ResultCodec().decode(data).task_id
-    except CodecError:
-        return None
-
-
-def _task_id_of_task(data: bytes) -> str | None:
-    """The task id of a task message (None: not one; the deserialize layer dead-letters it)."""
-    try:
-        return TaskCodec().decode(data).task_id
-    except CodecError:
-        return None
+        """The job's pipes over the brokers the scheduler listed (they connect lazily)."""
+        return open_job_pipes(self._links, job, window)

@@ -8,15 +8,9 @@
 
 from __future__ import annotations
 
-from truba.local.node import (
-    CtlError,
-    LocalRabbitNode,
-    NodeError,
-    NodeStartError,
-    start_nodes,
-    stop_nodes,
-    unique_nodename,
-)
+from truba.local.epmd import unique_nodename
+from truba.local.node import CtlError, LocalRabbitNode, NodeError, NodeStartError
+from truba.local.nodes import start_nodes, stop_nodes
 from truba.local.ports import free_port
 from truba.local.proxy import Direction, FaultProxy
 from truba.local.proxy_thread import ThreadedFaultProxy

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import IO
 
 from truba.local.layout import DEFAULT_CONFIG
-from truba.local.node import LocalRabbitNode, start_nodes
+from truba.local.node import LocalRabbitNode
+from truba.local.nodes import start_nodes
 
 READY_LINE = "truba scheduler listening on "
 

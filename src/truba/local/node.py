@@ -8,35 +8,30 @@ VM halts, so a crashed test session or ``truba up`` leaves no broker running. Pa
 ``die_with_owner=False`` to detach the node's lifetime from its owner.
 
 Thread-safe: every lifecycle method takes a lock, so tests may drive a node from ``asyncio.to_thread``.
-:func:`start_nodes` boots several independent nodes (never clustered) from threads: a boot is mostly
-one VM loading code, so parallel boots overlap.
+:func:`~truba.local.nodes.start_nodes` boots several independent nodes (never clustered) from
+threads: a boot is mostly one VM loading code, so parallel boots overlap.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
-import secrets
-import shutil
 import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, final
 
+from truba.local.epmd import epmd_names, unique_nodename
 from truba.local.layout import NodeLayout, sbin_dir
 from truba.local.ports import free_port
 from truba.local.probe import listens_on, speaks_amqp
 
 log = logging.getLogger(__name__)
 
-_COUNTER: Final = itertools.count()
 _POLL_S: Final = 0.1
 _PORT_ATTEMPTS: Final = 3
 _EPMD_RELEASE_S: Final = 5.0
@@ -53,22 +48,6 @@ class NodeStartError(NodeError):
 
 class CtlError(NodeError):
     """``rabbitmqctl`` exited non-zero or timed out; the message holds its output."""
-
-
-def unique_nodename(prefix: str = "truba") -> str:
-    """A node name no other node on this host uses: ``<prefix>-<pid>-<n>-<random>@localhost``."""
-    return f"{prefix}-{os.getpid()}-{next(_COUNTER)}-{secrets.token_hex(3)}@localhost"
-
-
-def _epmd_names() -> str:
-    epmd = shutil.which("epmd")
-    if epmd is None:
-        return ""
-    try:
-        done = subprocess.run([epmd, "-names"], capture_output=True, text=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
-    return done.stdout
 
 
 @final
@@ -244,7 +223,7 @@ class LocalRabbitNode:
         # epmd drops a killed node's name when it notices the closed socket; a restart racing that
         # would fail with "name seems to be in use by another Erlang node".
         short = f"name {self._nodename.partition('@')[0]} "
-        while short in _epmd_names() and time.monotonic() < deadline:
+        while short in epmd_names() and time.monotonic() < deadline:
             time.sleep(_POLL_S)
 
     def kill(self) -> None:
@@ -402,41 +381,3 @@ class LocalRabbitNode:
             return {str(row["name"]): int(row.get("messages") or 0) for row in rows}
         except (ValueError, TypeError, KeyError) as exc:
             raise CtlError(f"unexpected list_queues output: {out!r}") from exc
-
-
-def start_nodes(
-    base_dir: Path,
-    count: int,
-    timeout: float = 60.0,
-    *,
-    config: Mapping[str, str] | None = None,
-    die_with_owner: bool = True,
-) -> list[LocalRabbitNode]:
-    """Starts ``count`` nodes in parallel, in ``base_dir/n0`` … ``base_dir/n<count-1>``.
-
-    Raises:
-        NodeStartError: a node failed to start; the nodes that did start are stopped first.
-    """
-    nodes = [
-        LocalRabbitNode(Path(base_dir) / f"n{i}", config=config, die_with_owner=die_with_owner)
-        for i in range(count)
-    ]
-    if count == 0:
-        return nodes
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="truba-node-start") as pool:
-        futures = [pool.submit(node.start, timeout) for node in nodes]
-        errors = [exc for exc in (future.exception() for future in futures) if exc is not None]
-    if errors:
-        stop_nodes(nodes)
-        raise errors[0]
-    return nodes
-
-
-def stop_nodes(nodes: Iterable[LocalRabbitNode], timeout: float = 30.0) -> None:
-    """Stops the nodes in parallel (graceful, SIGKILL after ``timeout``); stopped ones are skipped."""
-    nodes = list(nodes)
-    if not nodes:
-        return
-    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="truba-node-stop") as pool:
-        for future in [pool.submit(node.stop, timeout) for node in nodes]:
-            future.result()

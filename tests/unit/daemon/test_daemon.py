@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import pytest
 
 from tests.waiting import eventually
-from truba.daemon.daemon import Daemon, DaemonConfig, Wanted
+from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.ends import JobPipes
+from truba.daemon.job_pipes import Wanted
 from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.proto.v1 import common_pb2, daemons_pb2

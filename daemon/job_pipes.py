@@ -1,0 +1,98 @@
+"""A job's pipes on the daemon: what it runs (from the scheduler's assignment) and the stacks over
+the brokers that carry its tasks, results, requeues and dead letters (see truba.pipes.stacks)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from truba.daemon.ends import JobPipes
+from truba.daemon.settings import JobSettings
+from truba.pipes.base import Sender
+from truba.pipes.broker import Broker, QueueSpec
+from truba.pipes.errors import CodecError
+from truba.pipes.frame import FrameLimits
+from truba.pipes.prefetch import Window
+from truba.pipes.record import DoneRecord
+from truba.pipes.route import RouteSender
+from truba.pipes.stacks import SendOptions, listen_stack, send_stack
+from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
+
+__all__ = ["Wanted", "open_job_pipes"]
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One job of the scheduler's assignment."""
+
+    handler: str
+    slots: int
+    tasks_queue: str | QueueSpec
+    """A spec, so that a broker that lost the queue (its data wiped) gets it declared again."""
+    results_queue: str | QueueSpec
+    dead_queue: str | QueueSpec
+    settings: JobSettings = JobSettings()
+    record: QueueSpec | None = None
+    """The stream results are copied to, read for redelivered tasks (see truba.pipes.record)."""
+
+
+def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> JobPipes:
+    """The job's pipes (see truba.pipes.stacks); they connect lazily.
+
+    Results are copied to the job's record, which a redelivered task (a frame a dead daemon
+    had half done, or a task whose result was confirmed but not acked) is looked up in.
+    """
+    done = None
+    if job.record is not None:
+        done = DoneRecord(
+            brokers, job.record.name, result_key=_task_id_of_result, member_key=_task_id_of_task
+        )
+    result_frames = FrameLimits() if job.settings.frames else None
+    return JobPipes(
+        tasks=listen_stack(
+            TaskCodec(),
+            brokers,
+            job.tasks_queue,
+            window,
+            role="tasks",
+            dead_letter_queue=job.dead_queue,
+            done=done,
+        ),
+        results=send_stack(
+            ResultCodec(),
+            brokers,
+            job.results_queue,
+            role="results",
+            options=SendOptions(copy_to=job.record),
+            frames=result_frames,
+        ),
+        requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),
+        dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead"),
+        result_frames=result_frames,
+    )
+
+
+def _requeue_stack(brokers: Sequence[Broker], job: Wanted, priority: int) -> Sender[TaskMessage]:
+    """Puts tasks back into their queue, each priority level through its own stack (RabbitMQ
+    reads the priority from the AMQP properties; the body keeps it too)."""
+    options = SendOptions(priority=priority if job.settings.priorities else None)
+    # A preempted runner hands back many at once; not with priorities (see the client's tasks).
+    frames = FrameLimits() if job.settings.frames and not job.settings.priorities else None
+    return send_stack(TaskCodec(), brokers, job.tasks_queue, role="requeue", options=options, frames=frames)
+
+
+def _task_id_of_result(data: bytes) -> str | None:
+    """The task id of a recorded result (None: not a result message)."""
+    try:
+        return ResultCodec().decode(data).task_id
+    except CodecError:
+        return None
+
+
+def _task_id_of_task(data: bytes) -> str | None:
+    """The task id of a task message (None: not one; the deserialize layer dead-letters it)."""
+    try:
+        return TaskCodec().decode(data).task_id
+    except CodecError:
+        return None
