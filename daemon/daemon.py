@@ -47,9 +47,9 @@ STATS_KEPT: Final = 3600.0
 """Seconds a job's counters are kept after that: if it comes back meanwhile, they go on (never
 backwards, the scheduler takes differences); after that they start again from zero."""
 PREFETCH_EXTRA: Final = 1
+"""Deliveries a job may hold per broker beyond its slots (late binding; measured, see cli)."""
 SHORT_TASK: Final = 0.05
 """Seconds: a job whose tasks take less (moving average) gets ``prefetch_extra`` deliveries more."""
-"""Deliveries a job may hold per broker beyond its slots (late binding; measured, see cli)."""
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Task counters per job, from the reports of clients and daemons, and the demand they imply.
 
-The scheduler never asks brokers how long a job's queue is (seed 002: synchronous AMQP
+The scheduler never asks brokers how long a job's queue is (synchronous AMQP
 operations are a finite resource); it adds up what the two ends report instead:
 
 - the **client** reports how many tasks it has submitted (``ReportProgress``), and CloseJob

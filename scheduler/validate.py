@@ -135,7 +135,7 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
 
     ``consumer_timeout`` is the brokers' delivery-ack timeout in seconds: daemons ack a task only
     after its result is confirmed, so a task allowed to run longer would be redelivered by the
-    broker while it still runs (RABBITMQ.md, consumer_timeout).
+    broker while it still runs (RabbitMQ's ``consumer_timeout``: see docs/scheduler.md).
 
     Raises:
         InvalidArgument: a value out of range, an unknown enum value, or a setting not supported.
