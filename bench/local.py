@@ -8,8 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from truba.local import LocalRabbitNode, start_nodes
 from truba.local.cluster import LocalCluster, TrubaProcess
-from truba.local.node import LocalRabbitNode, start_nodes
 
 
 @dataclass(frozen=True)

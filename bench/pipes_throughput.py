@@ -33,7 +33,7 @@ from pathlib import Path
 import aio_pika
 from report import write_json
 
-from truba.local.node import LocalRabbitNode, start_nodes
+from truba.local import LocalRabbitNode, start_nodes
 from truba.pipes.broker import QueueSpec
 from truba.pipes.prefetch import Window
 from truba.pipes.rabbit import RabbitBroker, RabbitConnection

@@ -1189,7 +1189,7 @@ def main() -> int:
     args = parser.parse_args()
     args.json.parent.mkdir(parents=True, exist_ok=True)
 
-    from truba.local.node import start_nodes
+    from truba.local import start_nodes
 
     base = Path(tempfile.mkdtemp(prefix="truba-bench-sched-"))
     env = environment()

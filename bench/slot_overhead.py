@@ -243,7 +243,7 @@ def main() -> int:
     os.chdir(ROOT)
     nodes = []
     if not args.no_daemon:
-        from truba.local.node import start_nodes
+        from truba.local import start_nodes
 
         nodes = start_nodes(Path(tempfile.mkdtemp(prefix="truba-bench-")), 2)
     try:
