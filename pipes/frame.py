@@ -48,7 +48,8 @@ from typing import Final, final
 
 import msgpack
 
-from truba.pipes.base import Confirmation, Delivery, Listener, Sender, close_all
+from truba.pipes.backpressure import Window
+from truba.pipes.base import Confirmation, Delivery, Listener, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeClosed, PipeError
 
 log = logging.getLogger(__name__)
@@ -148,11 +149,8 @@ class FrameSender:
         self.inner = inner
         self.limits = limits or FrameLimits()
         self._unregister = self.limits.on_release(self._released)
-        self._max_unconfirmed = max_unconfirmed
-        self._outstanding = 0
+        self._window = Window(max_unconfirmed)
         """Messages gathered or in flight (failed ones are not: they wait to be re-sent)."""
-        self._room = asyncio.Event()
-        self._room.set()
         self._pending = _Pending()
         self._in_flight: dict[Confirmation, tuple[list[bytes], list[Confirmation]]] = {}
         self._failed: list[tuple[list[bytes], list[Confirmation]]] = []
@@ -176,9 +174,8 @@ class FrameSender:
         """
         if self._closed:
             raise PipeClosed("frame sender is closed")
-        while self._outstanding >= self._max_unconfirmed:
-            self._room.clear()
-            await self._room.wait()
+        if self._window.full:
+            await self._window.wait()
             if self._closed:
                 raise PipeClosed("frame sender is closed")
         limits = self.limits
@@ -195,7 +192,7 @@ class FrameSender:
         pending.messages.append(message)
         pending.outers.append(outer)
         pending.size += len(message)
-        self._outstanding += 1
+        self._window.take()
         if len(pending.messages) >= limits.max_messages or pending.size >= limits.max_bytes:
             self._flush_soon()
         elif self._timer is None:
@@ -222,8 +219,7 @@ class FrameSender:
         self._failed.clear()
         self._in_flight.clear()
         self._pending = _Pending()
-        self._outstanding = 0
-        self._room.set()
+        self._window.reset()
         self._cancel_timer()
         self.inner.drop_unconfirmed()
 
@@ -234,7 +230,7 @@ class FrameSender:
         self._closed = True
         self._unregister()
         self._cancel_timer()
-        self._room.set()  # waiting senders raise PipeClosed
+        self._window.room.close()  # waiting senders raise PipeClosed
         log.info(
             "pipe.frame.closed",
             extra={"frames": self.frames, "framed": self.framed, "alone": self.alone},
@@ -278,7 +274,7 @@ class FrameSender:
         caller gets the error and nothing is kept."""
         inner = await self.inner.send(message)
         self.alone += 1
-        self._outstanding += 1
+        self._window.take()
         outer: Confirmation = asyncio.get_running_loop().create_future()
         self._track(inner, [message], [outer])
         return outer
@@ -310,7 +306,7 @@ class FrameSender:
         messages, outers = entry
         error = PipeClosed("confirmation cancelled") if inner.cancelled() else inner.exception()
         if error is None:
-            self._release(len(messages))
+            self._window.give(len(messages))
             for outer in outers:
                 if not outer.done():
                     outer.set_result(None)
@@ -319,16 +315,11 @@ class FrameSender:
 
     def _hold_failed(self, messages: list[bytes], outers: list[Confirmation], error: BaseException) -> None:
         """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""
-        self._release(len(messages))
+        self._window.give(len(messages))
         self._failed.append((messages, outers))
         failure = error if isinstance(error, PipeError) else PipeClosed(f"frame not sent: {error!r}")
         for outer in outers:
-            _fail(outer, failure)
-
-    def _release(self, count: int) -> None:
-        self._outstanding = max(0, self._outstanding - count)
-        if self._outstanding < self._max_unconfirmed:
-            self._room.set()
+            fail_confirmation(outer, failure)
 
 
 @final
@@ -547,9 +538,3 @@ def _retrieve(task: asyncio.Task[bool]) -> None:
     """Marks a pull's error seen: its waiters may all have left (the next get raises it anew)."""
     if not task.cancelled():
         task.exception()
-
-
-def _fail(outer: Confirmation, error: BaseException) -> None:
-    if not outer.done():
-        outer.set_exception(error)
-        outer.exception()  # retrieved: a caller that never awaits it must not get a warning
