@@ -54,8 +54,8 @@ from typing import Final, final
 
 from truba.pipes.base import Confirmation, Layer, Sender, fail_confirmation
 from truba.pipes.commit import SYNC_INTERVAL, Committer, FsyncPolicy, check_policy
-from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.spool_log import SpoolError, SpoolFull, SpoolLocked, SpoolLog
+from truba.pipes.errors import PipeClosed, PipeError, SpoolError, SpoolFull, SpoolLocked
+from truba.pipes.spool_log import SpoolLog
 
 __all__ = ["SYNC_INTERVAL", "FsyncPolicy", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolSender", "spool"]
 
