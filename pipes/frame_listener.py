@@ -120,6 +120,8 @@ class FrameListener:
         self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
         """Members received and not handed out yet, with when their frame arrived."""
         self._pull: asyncio.Task[bool] | None = None
+        self._pull_until = 0.0
+        """When the running pull's inner get times out (loop time)."""
 
     @property
     def held(self) -> int:
@@ -142,7 +144,8 @@ class FrameListener:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
-            pull = self._pull or self._start_pull(max(0.0, deadline - loop.time()))
+            pull = self._pull or self._start_pull(deadline)
+            until = self._pull_until  # a pull another waiter started may end before our deadline
             # asyncio.wait neither cancels the pull on timeout nor when this waiter is
             # cancelled: what the pull brings stays here for the next get.
             await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
@@ -157,21 +160,31 @@ class FrameListener:
                 return None  # our time is up; the pull goes on for the others
             if not pull.cancelled() and (error := pull.exception()) is not None:
                 raise error
-            if loop.time() >= deadline or (not pull.cancelled() and not pull.result()):
-                return None  # the inner get timed out (or others took what it brought)
+            if loop.time() >= deadline or (not pull.cancelled() and not pull.result() and until >= deadline):
+                return None  # the inner get timed out for our whole timeout
+            # Others took what the pull brought, or it was cancelled, or it timed out before our
+            # deadline (another waiter's, shorter): pull again for the rest of our time.
 
     async def take_in(self) -> None:
         """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
         split: its members then count as :attr:`held`. Lets an owner whose consumers are all
         busy see (and hand back) a frame that would otherwise wait unseen in the prefetch."""
         if self._pull is None:
-            await asyncio.wait((self._start_pull(0.0),))
+            await asyncio.wait((self._start_pull(asyncio.get_running_loop().time()),))
 
-    def _start_pull(self, timeout: float) -> asyncio.Task[bool]:
-        """The one inner get that every waiter shares (see :meth:`get`)."""
-        pull = self._pull = asyncio.get_running_loop().create_task(self._fetch(timeout))
-        pull.add_done_callback(_retrieve)
+    def _start_pull(self, until: float) -> asyncio.Task[bool]:
+        """The one inner get that every waiter shares (see :meth:`get`), waiting until ``until``."""
+        loop = asyncio.get_running_loop()
+        self._pull_until = until
+        pull = self._pull = loop.create_task(self._fetch(max(0.0, until - loop.time())))
+        pull.add_done_callback(self._pulled)
         return pull
+
+    def _pulled(self, pull: asyncio.Task[bool]) -> None:
+        if self._pull is pull:  # cancelled before it ran (its own finally never ran)
+            self._pull = None
+        if not pull.cancelled():
+            pull.exception()  # seen: its waiters may all have left (the next get raises it anew)
 
     async def _fetch(self, timeout: float) -> bool:
         """One inner get; its members go to ``_ready``. False when it timed out."""
@@ -238,9 +251,3 @@ def unframing(listener: Listener[object]) -> FrameListener | None:
             return layer
         layer = getattr(layer, "inner", None)
     return None
-
-
-def _retrieve(task: asyncio.Task[bool]) -> None:
-    """Marks a pull's error seen: its waiters may all have left (the next get raises it anew)."""
-    if not task.cancelled():
-        task.exception()
