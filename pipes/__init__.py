@@ -22,7 +22,8 @@ from truba.pipes.errors import (
     PipeError,
     SendTimeout,
 )
-from truba.pipes.frame import FrameListener, FrameSender
+from truba.pipes.frame import FrameSender
+from truba.pipes.frame_listener import FrameListener
 from truba.pipes.merge import MergeListener, merge
 from truba.pipes.serialize import DeserializeListener, SerializeSender, deserialize, serialize
 

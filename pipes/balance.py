@@ -32,7 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
-from truba.pipes.base import Confirmation, Sender, close_all
+from truba.pipes.backpressure import Room, Window
+from truba.pipes.base import Confirmation, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
@@ -87,7 +88,10 @@ class BalanceSender(Generic[T]):
         self._rng = rng or random.Random()
         self._now = monotonic
         self._entries: dict[int, _Entry[T]] = {}
-        self._load = [0] * len(senders)
+        # Sends wait in one room for room on any sender; each sender's window counts its
+        # unconfirmed messages against its cap (see _cap_for), and wakes the room by batches.
+        self._room = Room()
+        self._windows = [Window(self._cap_for(0), self._room, wake_batch=_WAKE_BATCH) for _ in senders]
         self._down_until = [0.0] * len(senders)
         self._failures = [0] * len(senders)
         self._service = [_INITIAL_SERVICE] * len(senders)
@@ -97,7 +101,6 @@ class BalanceSender(Generic[T]):
         self._pending: list[OrderedDict[int, float]] = [OrderedDict() for _ in senders]
         self._errors: list[PipeError | None] = [None] * len(senders)
         self._seq = itertools.count()
-        self._room = asyncio.Event()
         self._recheck: asyncio.TimerHandle | None = None
         self._moves: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -109,7 +112,7 @@ class BalanceSender(Generic[T]):
 
     def _wake(self) -> None:
         self._recheck = None
-        self._room.set()
+        self._room.wake()
 
     def _broke(self, index: int, exc: PipeError) -> None:
         if not self._closed:
@@ -117,7 +120,7 @@ class BalanceSender(Generic[T]):
 
     def loads(self) -> list[int]:
         """Messages awaiting a confirm, per sender."""
-        return list(self._load)
+        return [window.used for window in self._windows]
 
     def _usable(self, now: float) -> list[int]:
         """Senders that are up (not cooling down after a break, and ready)."""
@@ -138,7 +141,7 @@ class BalanceSender(Generic[T]):
         time per message, a peak EWMA (after Finagle) of each confirm's wait divided by the
         messages it queued behind. Random keeps brokers evenly used; the cost gives a slow broker
         a backlog as short, in time, as a fast one's, so it neither slows the others nor leaves
-        a long tail of unconfirmed messages behind. A full sender (at ``max_load``) is skipped.
+        a long tail of unconfirmed messages behind. A full sender (at its cap) is skipped.
         """
         n = len(choices)
         if n == 1:
@@ -153,24 +156,26 @@ class BalanceSender(Generic[T]):
         return second if self._cost(second, now) < self._cost(first, now) - _TIE else first
 
     def _cheapest_with_room(self, choices: list[int], now: float) -> int | None:
+        windows = self._windows
         if len(choices) == 2:  # the common case; the full one has no room
             a, b = choices
-            if self._load[a] < self._cap(a):
-                return a if self._load[b] >= self._cap(b) or self._cost(a, now) <= self._cost(b, now) else b
-            return b if self._load[b] < self._cap(b) else None
-        with_room = [i for i in choices if self._load[i] < self._cap(i)]
+            if not windows[a].full:
+                return a if windows[b].full or self._cost(a, now) <= self._cost(b, now) else b
+            return b if not windows[b].full else None
+        with_room = [i for i in choices if not windows[i].full]
         return min(with_room, key=lambda i: self._cost(i, now)) if with_room else None
 
-    def _cap(self, index: int) -> int:
-        """``max_load``, reached by slow start: 2 more allowed per confirm, from _SLOW_START.
+    def _cap_for(self, confirmed: int) -> int:
+        """A sender's cap: ``max_load``, reached by slow start: 2 more allowed per confirm, from
+        _SLOW_START.
 
         Until a broker has confirmed anything its speed is unknown; a burst must not park a
         whole window on a broker that turns out to be slow.
         """
-        return min(self._max_load, _SLOW_START + 2 * self._confirmed[index])
+        return min(self._max_load, _SLOW_START + 2 * confirmed)
 
     def _cost(self, index: int, now: float) -> float:
-        queued = self._service[index] * (self._load[index] + 1)
+        queued = self._service[index] * (self._windows[index].used + 1)
         pending = self._pending[index]
         if not pending:
             return queued
@@ -204,7 +209,7 @@ class BalanceSender(Generic[T]):
                 choices = [exclude]  # the broker it came from is the only one up again
             if choices:
                 index = self._pick(choices, now)
-                if self._load[index] >= self._cap(index):
+                if self._windows[index].full:
                     alternative = self._cheapest_with_room(choices, now)
                     if (
                         alternative is None
@@ -213,7 +218,6 @@ class BalanceSender(Generic[T]):
                         # The best place is full and the others are slower: wait for a confirm
                         # (briefly, costs change) rather than build a backlog on a slow broker
                         # that would be confirmed later than this one's (a tail at the end).
-                        self._room.clear()
                         if alternative is not None and self._recheck is None:
                             # One shared timer wakes every waiter to reconsider (a stalled full
                             # sender confirms nothing, but its oldest message keeps ageing).
@@ -243,22 +247,21 @@ class BalanceSender(Generic[T]):
     def _attach(self, entry: _Entry[T], index: int, inner: Confirmation) -> None:
         seq = next(self._seq)
         entry.index, entry.inner, entry.sent_at = index, inner, self._now()
-        entry.ahead = self._load[index]
+        window = self._windows[index]
+        entry.ahead = window.used
         self._pending[index][seq] = entry.sent_at
         self._entries[seq] = entry
-        self._load[index] += 1
+        window.take()
         inner.add_done_callback(functools.partial(self._settled, seq, entry, index))
 
     def _settled(self, seq: int, entry: _Entry[T], index: int, done: Confirmation) -> None:
         if entry.inner is not done:
             return
         self._pending[index].pop(seq, None)
-        self._load[index] -= 1
-        cap = self._cap(index)
-        if self._load[index] <= cap - min(_WAKE_BATCH, cap // 8 + 1):
-            # Waiters wake once a few messages' room is free, not at every single confirm:
-            # a burst of confirms then costs one wake-up, and the sends after it find room.
-            self._room.set()
+        window = self._windows[index]
+        # Waiters wake once a few messages' room is free, not at every single confirm: a burst
+        # of confirms then costs one wake-up, and the sends after it find room.
+        window.give()
         if entry.outer.done():
             self._entries.pop(seq, None)
             return
@@ -267,12 +270,14 @@ class BalanceSender(Generic[T]):
             self._entries.pop(seq, None)
             # Little's law: the wait divided by the messages it queued behind is a service time.
             self._observe(index, (self._now() - entry.sent_at) / (entry.ahead + 1))
-            self._confirmed[index] += 1
+            confirmed = self._confirmed[index] = self._confirmed[index] + 1
+            if window.limit < self._max_load:
+                window.resize(self._cap_for(confirmed))
             entry.outer.set_result(None)
         elif isinstance(exc, PipeError) and exc.retryable and not self._closed:
             self._mark_down(index, exc)
         else:
-            _fail(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
+            fail_confirmation(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
 
     def _mark_down(self, index: int, exc: PipeError) -> None:
         """Takes sender ``index`` out of rotation and moves its unconfirmed messages elsewhere."""
@@ -297,9 +302,9 @@ class BalanceSender(Generic[T]):
             return
         for seq, entry in stranded:  # still listed as unconfirmed until placed elsewhere
             entry.index, entry.inner = -1, None
-            self._load[index] -= 1
             self._pending[index].pop(seq, None)
-        self._room.set()
+        self._windows[index].give(len(stranded))
+        self._room.wake()
         self.inners[index].drop_unconfirmed()
         task = asyncio.create_task(self._move(stranded, index))
         self._moves.add(task)
@@ -319,7 +324,7 @@ class BalanceSender(Generic[T]):
                     return
                 except PipeError as exc:
                     if not exc.retryable:
-                        _fail(entry.outer, exc)
+                        fail_confirmation(entry.outer, exc)
                         break
                     attempt += 1
                     await asyncio.sleep(min(self._max_cooldown, self._cooldown * attempt))
@@ -336,7 +341,7 @@ class BalanceSender(Generic[T]):
         if self._closed:
             return
         self._closed = True
-        self._room.set()
+        self._room.close()
         if self._recheck is not None:
             self._recheck.cancel()
         for task in list(self._moves):
@@ -347,10 +352,3 @@ class BalanceSender(Generic[T]):
 def balance(senders: Sequence[Sender[T]], max_load: int = 1000) -> BalanceSender[T]:
     """Combinator: one sender over many, picking a random ready one below ``max_load`` unconfirmed."""
     return BalanceSender(senders, max_load)
-
-
-def _fail(future: Confirmation, exc: BaseException) -> None:
-    """Fails ``future``, marked retrieved: callers that never await it get no "never retrieved" log."""
-    if not future.done():
-        future.set_exception(exc)
-        future.exception()

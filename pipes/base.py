@@ -137,6 +137,14 @@ ListenerLayer = Callable[[Listener[In]], Listener[Out]]
 """Wraps a ``Listener[In]`` into a ``Listener[Out]``, adding one concern."""
 
 
+def fail_confirmation(confirmation: Confirmation, error: BaseException) -> None:
+    """Fails ``confirmation`` with ``error`` unless it is done, marked retrieved: a caller that
+    never awaits it must not get asyncio's "exception was never retrieved" log."""
+    if not confirmation.done():
+        confirmation.set_exception(error)
+        confirmation.exception()
+
+
 async def close_all(*closers: Awaitable[object]) -> None:
     """Runs ``closers`` to the end even if the caller is cancelled meanwhile (then re-raises that).
 

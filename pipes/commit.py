@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 from typing import Final, Literal, final, get_args
 
-from truba.pipes.spool_log import SpoolError, SpoolLog, fdatasync_and_close
+from truba.pipes.errors import SpoolError
+from truba.pipes.spool_files import fdatasync_and_close
+from truba.pipes.spool_log import SpoolLog
 
 __all__ = ["SYNC_INTERVAL", "Committer", "FsyncPolicy", "check_policy"]
 

@@ -11,7 +11,10 @@
          ├─ SendTimeout           (also a TimeoutError) a bounded wait expired; retryable
          ├─ MessageRejected       broker nack or unroutable return; the message is still ours
          ├─ MessageTooLarge       refused before sending: over the configured size limit
-         └─ CodecError            encode/decode failed: a poison message, never retried
+         ├─ CodecError            encode/decode failed: a poison message, never retried
+         └─ SpoolError            the disk buffer could not write: not spooled, not sent
+             ├─ SpoolFull         its file system is full (or over quota)
+             └─ SpoolLocked       another owner holds its directory
 
 Foreign (AMQP) exceptions are translated once, in :mod:`truba.pipes.rabbit`; nothing else catches
 them. Retryability is a property of the error class, so policies need not know the transport.
@@ -69,3 +72,15 @@ class MessageTooLarge(PipeError):
 
 class CodecError(PipeError):
     """A message could not be encoded or decoded: poison, never retried."""
+
+
+class SpoolError(PipeError):
+    """The disk buffer could not write its log: the message was not spooled and not sent."""
+
+
+class SpoolFull(SpoolError):
+    """The spool's file system is full (or over quota); the message was not spooled and not sent."""
+
+
+class SpoolLocked(SpoolError):
+    """Another process (or another SpoolSender in this one) owns the spool directory."""

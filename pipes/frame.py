@@ -11,21 +11,11 @@ frame's. An owner that knows more messages follow within moments (a daemon runni
 short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases them, even the
 first message waits for a frame.
 
-:class:`FrameListener` unpacks frames into one delivery per member. The frame is settled with
-the broker once every member is: acked when all were acked; a member rejected with requeue is
-published again alone through ``requeue`` (when given) before the frame is acked, so the members
-that were done do not run again. Without ``requeue`` (or for members rejected without requeue)
-the whole frame is rejected that way once all members are settled: done members may then run
-again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
-:class:`~truba.pipes.record.DoneRecord`), a frame that comes back redelivered is first looked up
-in it: members that already have a confirmed result are acked instead of handed out, so a frame
-a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
-as any redelivered AMQP message would.)
+:class:`FrameListener` (:mod:`truba.pipes.frame_listener`) unpacks frames into one delivery per
+member, and settles a frame with the broker once every member is settled.
 
-Wire format: a frame is ``MAGIC`` followed by a msgpack array of the members' bytes. ``MAGIC``
-starts with 0xC1, a byte msgpack never uses, so a frame is never mistaken for a lone truba
-message; a message that starts with it but does not unpack is passed on as it is (the
-deserialize layer dead-letters it as poison).
+Wire format (:mod:`truba.pipes.frame_format`): ``MAGIC`` followed by a msgpack array of the
+members' bytes. Limits and holds: :mod:`truba.pipes.frame_limits`.
 
 Where it sits (:mod:`truba.pipes.stacks`): a :class:`FrameSender` over each broker's leaf, under
 ``balance`` (so a broker's load counts members, and a broken broker's members move one by one);
@@ -38,93 +28,30 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
-import time
-from collections import deque
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Final, final
+from typing import final
 
-import msgpack
-
-from truba.pipes.base import Confirmation, Delivery, Listener, Sender, close_all
+from truba.pipes.backpressure import Window
+from truba.pipes.base import Confirmation, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame_format import MAGIC, pack, unpack
+from truba.pipes.frame_limits import FrameLimits
+from truba.pipes.frame_listener import DoneCheck, FrameListener, unframing
+
+__all__ = [
+    "MAGIC",
+    "DoneCheck",
+    "FrameLimits",
+    "FrameListener",
+    "FrameSender",
+    "pack",
+    "unframing",
+    "unpack",
+]
 
 log = logging.getLogger(__name__)
-
-MAGIC: Final = b"\xc1TF1"
-
-
-def pack(messages: Sequence[bytes]) -> bytes:
-    """One frame holding ``messages``, in order."""
-    body: bytes = msgpack.packb(list(messages), use_bin_type=True)
-    return MAGIC + body
-
-
-def unpack(data: bytes) -> list[bytes] | None:
-    """The members of a frame, or None if ``data`` is not a well-formed frame."""
-    if not data.startswith(MAGIC):
-        return None
-    try:
-        members = msgpack.unpackb(data[len(MAGIC) :], raw=False)
-    except (ValueError, msgpack.UnpackException):
-        return None
-    if not isinstance(members, list) or not all(isinstance(m, bytes) for m in members):
-        return None
-    return members
-
-
-@dataclass(slots=True)
-class FrameLimits:
-    """How big a frame may grow and how long a message may wait for one; read at every send,
-    so a change applies at once to every sender sharing the object.
-
-    ``max_messages`` 1 turns packing off. ``eager`` frames may be in flight before messages
-    wait to be packed (0: always gather, up to ``max_delay``).
-    """
-
-    max_messages: int = 64
-    max_bytes: int = 256 * 1024
-    max_delay: float = 0.005
-    eager: int = 1
-    _holds: int = field(default=0, init=False, repr=False, compare=False)
-    _on_release: list[Callable[[], None]] = field(default_factory=list, init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        if self.max_messages < 1 or self.max_bytes < 1 or self.max_delay < 0 or self.eager < 0:
-            raise ValueError("frame limits: max_messages, max_bytes >= 1; max_delay, eager >= 0")
-
-    @property
-    def holding(self) -> bool:
-        """Some owner holds messages back (:meth:`hold`): none goes out alone."""
-        return self._holds > 0
-
-    def hold(self) -> None:
-        """Until the matching :meth:`release`, every message waits for a frame (up to
-        ``max_delay``, as under load) instead of going out alone. For an owner that knows more
-        messages follow within moments (a daemon running chunks of short tasks): they then
-        share frames from the first one on."""
-        self._holds += 1
-
-    def release(self) -> None:
-        """Ends a :meth:`hold`. When the last one ends, what was gathered goes out at once,
-        unless frames are in flight (then it waits as under load)."""
-        self._holds = max(0, self._holds - 1)
-        if not self._holds:
-            for released in list(self._on_release):
-                released()
-
-    def on_release(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Calls ``callback`` whenever the last :meth:`hold` is released; returns what
-        unregisters it."""
-        self._on_release.append(callback)
-        return functools.partial(_discard, self._on_release, callback)
-
-
-def _discard(callbacks: list[Callable[[], None]], callback: Callable[[], None]) -> None:
-    with contextlib.suppress(ValueError):
-        callbacks.remove(callback)
 
 
 @dataclass(slots=True)
@@ -148,11 +75,8 @@ class FrameSender:
         self.inner = inner
         self.limits = limits or FrameLimits()
         self._unregister = self.limits.on_release(self._released)
-        self._max_unconfirmed = max_unconfirmed
-        self._outstanding = 0
+        self._window = Window(max_unconfirmed)
         """Messages gathered or in flight (failed ones are not: they wait to be re-sent)."""
-        self._room = asyncio.Event()
-        self._room.set()
         self._pending = _Pending()
         self._in_flight: dict[Confirmation, tuple[list[bytes], list[Confirmation]]] = {}
         self._failed: list[tuple[list[bytes], list[Confirmation]]] = []
@@ -176,9 +100,8 @@ class FrameSender:
         """
         if self._closed:
             raise PipeClosed("frame sender is closed")
-        while self._outstanding >= self._max_unconfirmed:
-            self._room.clear()
-            await self._room.wait()
+        if self._window.full:
+            await self._window.wait()
             if self._closed:
                 raise PipeClosed("frame sender is closed")
         limits = self.limits
@@ -195,7 +118,7 @@ class FrameSender:
         pending.messages.append(message)
         pending.outers.append(outer)
         pending.size += len(message)
-        self._outstanding += 1
+        self._window.take()
         if len(pending.messages) >= limits.max_messages or pending.size >= limits.max_bytes:
             self._flush_soon()
         elif self._timer is None:
@@ -222,8 +145,7 @@ class FrameSender:
         self._failed.clear()
         self._in_flight.clear()
         self._pending = _Pending()
-        self._outstanding = 0
-        self._room.set()
+        self._window.reset()
         self._cancel_timer()
         self.inner.drop_unconfirmed()
 
@@ -234,7 +156,7 @@ class FrameSender:
         self._closed = True
         self._unregister()
         self._cancel_timer()
-        self._room.set()  # waiting senders raise PipeClosed
+        self._window.room.close()  # waiting senders raise PipeClosed
         log.info(
             "pipe.frame.closed",
             extra={"frames": self.frames, "framed": self.framed, "alone": self.alone},
@@ -278,7 +200,7 @@ class FrameSender:
         caller gets the error and nothing is kept."""
         inner = await self.inner.send(message)
         self.alone += 1
-        self._outstanding += 1
+        self._window.take()
         outer: Confirmation = asyncio.get_running_loop().create_future()
         self._track(inner, [message], [outer])
         return outer
@@ -310,7 +232,7 @@ class FrameSender:
         messages, outers = entry
         error = PipeClosed("confirmation cancelled") if inner.cancelled() else inner.exception()
         if error is None:
-            self._release(len(messages))
+            self._window.give(len(messages))
             for outer in outers:
                 if not outer.done():
                     outer.set_result(None)
@@ -319,237 +241,8 @@ class FrameSender:
 
     def _hold_failed(self, messages: list[bytes], outers: list[Confirmation], error: BaseException) -> None:
         """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""
-        self._release(len(messages))
+        self._window.give(len(messages))
         self._failed.append((messages, outers))
         failure = error if isinstance(error, PipeError) else PipeClosed(f"frame not sent: {error!r}")
         for outer in outers:
-            _fail(outer, failure)
-
-    def _release(self, count: int) -> None:
-        self._outstanding = max(0, self._outstanding - count)
-        if self._outstanding < self._max_unconfirmed:
-            self._room.set()
-
-
-@final
-class _Frame:
-    """One received frame: settled with the broker once every member is."""
-
-    def __init__(self, delivery: Delivery[bytes], members: int, requeue: Sender[bytes] | None) -> None:
-        self.delivery = delivery
-        self.left = members
-        self.requeue = requeue
-        self.again = False  # a member asked to run again, and could not be sent alone
-        self.dead = False  # a member was rejected without requeue
-
-    async def settle(self, message: bytes, how: str) -> None:
-        if how == "requeue":
-            if self.requeue is not None:
-                confirmation = await self.requeue.send(message)
-                await confirmation
-            else:
-                self.again = True
-        elif how == "reject":
-            self.dead = True
-        self.left -= 1
-        if self.left == 0:
-            if self.again:
-                await self.delivery.reject(requeue=True)
-            elif self.dead:
-                await self.delivery.reject(requeue=False)
-            else:
-                await self.delivery.ack()
-
-
-@final
-class _Member:
-    """One message of a frame, settled on its own."""
-
-    def __init__(self, message: bytes, frame: _Frame) -> None:
-        self._message = message
-        self._frame = frame
-        self._settled = False
-
-    @property
-    def message(self) -> bytes:
-        return self._message
-
-    @property
-    def redelivered(self) -> bool:
-        return self._frame.delivery.redelivered
-
-    @property
-    def headers(self) -> Mapping[str, object]:
-        return self._frame.delivery.headers
-
-    async def ack(self) -> None:
-        await self._settle("ack")
-
-    async def reject(self, requeue: bool) -> None:
-        await self._settle("requeue" if requeue else "reject")
-
-    async def _settle(self, how: str) -> None:
-        if self._settled:
-            raise PipeError("frame member already settled")
-        self._settled = True
-        await self._frame.settle(self._message, how)
-
-
-DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
-"""Given a redelivered delivery and its members, the indexes of those with a confirmed result
-(see :class:`~truba.pipes.record.DoneRecord`)."""
-
-
-@final
-class FrameListener:
-    """``Listener[bytes] -> Listener[bytes]`` handing out each member of a frame on its own.
-
-    Several consumers may wait in ``get`` at once (a daemon's workers): one inner ``get`` runs
-    for all of them, and the members of a frame it brings go to every waiter, so a frame is
-    spread over the free slots instead of waiting behind one. Members received and not yet
-    handed out stay here until ``get`` takes them (after :meth:`cancel` too) or :meth:`close`
-    returns their frames to the broker.
-    """
-
-    name = "unframe"
-
-    def __init__(
-        self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None, done: DoneCheck | None = None
-    ) -> None:
-        self.inner = inner
-        self._requeue = requeue
-        self._done = done
-        self._looking_up = False
-        self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
-        """Members received and not handed out yet, with when their frame arrived."""
-        self._pull: asyncio.Task[bool] | None = None
-
-    @property
-    def held(self) -> int:
-        """Members received and not handed out yet."""
-        return len(self._ready)
-
-    def held_for(self) -> float:
-        """Seconds the oldest member not handed out yet has waited here (0.0: none waits).
-
-        An owner whose consumers are all busy hands such members back when they wait too
-        long, so that another consumer of the queue can run them (late binding).
-        """
-        if not self._ready:
-            return 0.0
-        return time.monotonic() - self._ready[0][0]
-
-    async def get(self, timeout: float) -> Delivery[bytes] | None:
-        if self._ready:
-            return self._ready.popleft()[1]
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            pull = self._pull or self._start_pull(max(0.0, deadline - loop.time()))
-            # asyncio.wait neither cancels the pull on timeout nor when this waiter is
-            # cancelled: what the pull brings stays here for the next get.
-            await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
-            if not pull.done() and self._looking_up:
-                # The pull holds a redelivered frame and is looking it up in the record (a
-                # bounded wait): its members come next, and must not go unseen by an owner
-                # that takes what is left before closing (it would return them redelivered).
-                await asyncio.wait((pull,))
-            if self._ready:
-                return self._ready.popleft()[1]
-            if not pull.done():
-                return None  # our time is up; the pull goes on for the others
-            if not pull.cancelled() and (error := pull.exception()) is not None:
-                raise error
-            if loop.time() >= deadline or (not pull.cancelled() and not pull.result()):
-                return None  # the inner get timed out (or others took what it brought)
-
-    async def take_in(self) -> None:
-        """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
-        split: its members then count as :attr:`held`. Lets an owner whose consumers are all
-        busy see (and hand back) a frame that would otherwise wait unseen in the prefetch."""
-        if self._pull is None:
-            await asyncio.wait((self._start_pull(0.0),))
-
-    def _start_pull(self, timeout: float) -> asyncio.Task[bool]:
-        """The one inner get that every waiter shares (see :meth:`get`)."""
-        pull = self._pull = asyncio.get_running_loop().create_task(self._fetch(timeout))
-        pull.add_done_callback(_retrieve)
-        return pull
-
-    async def _fetch(self, timeout: float) -> bool:
-        """One inner get; its members go to ``_ready``. False when it timed out."""
-        try:
-            delivery = await self.inner.get(timeout)
-        finally:
-            self._pull = None
-        if delivery is None:
-            return False
-        members = await self._unsettled(delivery)
-        now = time.monotonic()
-        self._ready.extend((now, member) for member in members)
-        return True
-
-    def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
-        async def each(delivery: Delivery[bytes]) -> None:
-            for member in await self._unsettled(delivery):
-                await callback(member)
-
-        self.inner.subscribe(each)
-
-    async def cancel(self) -> None:
-        await self.inner.cancel()
-
-    async def close(self) -> None:
-        if self._pull is not None:
-            self._pull.cancel()
-        self._ready.clear()  # unsettled members: their frames go back to the broker
-        await self.inner.close()
-
-    async def _unsettled(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
-        """The members of ``delivery`` to hand out: all of them, but for a redelivered one those
-        that the ``done`` record says have a result already (they are acked here)."""
-        members = self._split(delivery)
-        if self._done is None or not delivery.redelivered or len(members) == 1:
-            return members  # a lone message runs again, as any redelivered AMQP message would
-        self._looking_up = True
-        try:
-            done = set(await self._done(delivery, [member.message for member in members]))
-        except Exception as exc:  # the record is an optimisation: without it, all run again
-            log.warning("pipe.frame.record_failed", extra={"error": repr(exc)})
-            return members
-        finally:
-            self._looking_up = False
-        if done:
-            log.info("pipe.frame.done_before", extra={"members": len(members), "done": len(done)})
-        for i in sorted(done):
-            await members[i].ack()
-        return [member for i, member in enumerate(members) if i not in done]
-
-    def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
-        members = unpack(delivery.message)
-        if not members:
-            return [delivery]
-        frame = _Frame(delivery, len(members), self._requeue)
-        return [_Member(message, frame) for message in members]
-
-
-def unframing(listener: Listener[object]) -> FrameListener | None:
-    """The :class:`FrameListener` layer inside a stack of listeners (each layer's ``inner``)."""
-    layer: object = listener
-    while layer is not None:
-        if isinstance(layer, FrameListener):
-            return layer
-        layer = getattr(layer, "inner", None)
-    return None
-
-
-def _retrieve(task: asyncio.Task[bool]) -> None:
-    """Marks a pull's error seen: its waiters may all have left (the next get raises it anew)."""
-    if not task.cancelled():
-        task.exception()
-
-
-def _fail(outer: Confirmation, error: BaseException) -> None:
-    if not outer.done():
-        outer.set_exception(error)
-        outer.exception()  # retrieved: a caller that never awaits it must not get a warning
+            fail_confirmation(outer, failure)

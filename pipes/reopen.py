@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
 from truba.backoff import Backoff
-from truba.pipes.base import Confirmation, Sender, close_all
+from truba.pipes.base import Confirmation, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeBroken, PipeClosed, PipeError, SendTimeout
 
 T = TypeVar("T")
@@ -164,7 +164,7 @@ class ReopenSender(Generic[T]):
             assert isinstance(exc, PipeError)
             self._broke(inner, exc)  # the entry waits for the new channel
         else:
-            _fail(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
+            fail_confirmation(entry.outer, exc)  # rejected: still ours, listed as unconfirmed
 
     def _broke(self, inner: Sender[T], exc: PipeError) -> None:
         if inner is not self.inner or self.state in (State.BROKEN, State.CLOSED):
@@ -213,7 +213,7 @@ class ReopenSender(Generic[T]):
                     if _is_break(exc):
                         self._broke(fresh, exc)
                         return
-                    _fail(entry.outer, exc)
+                    fail_confirmation(entry.outer, exc)
                     continue
                 entry.inner.add_done_callback(functools.partial(self._settled, seq, entry, fresh))
             return
@@ -224,7 +224,7 @@ class ReopenSender(Generic[T]):
     def drop_unconfirmed(self) -> None:
         for entry in self._entries.values():
             if not entry.outer.done():
-                _fail(entry.outer, PipeBroken(f"{self.label}: dropped, re-sent elsewhere"))
+                fail_confirmation(entry.outer, PipeBroken(f"{self.label}: dropped, re-sent elsewhere"))
         self._entries.clear()
         if self.inner is not None:
             self.inner.drop_unconfirmed()
@@ -242,7 +242,7 @@ class ReopenSender(Generic[T]):
         await close_all(*closers)
         for entry in self._entries.values():
             if not entry.outer.done() and entry.inner is not None and entry.inner.done():
-                _fail(entry.outer, PipeClosed(f"{self.label}: closed before the confirm"))
+                fail_confirmation(entry.outer, PipeClosed(f"{self.label}: closed before the confirm"))
 
 
 def reopen(
@@ -250,10 +250,3 @@ def reopen(
 ) -> ReopenSender[T]:
     """Leaf wrapper: a sender over ``connect()`` that reopens it when it breaks."""
     return ReopenSender(connect, label=label, connect_timeout=connect_timeout)
-
-
-def _fail(future: Confirmation, exc: BaseException) -> None:
-    """Fails ``future``, marked retrieved: callers that never await it get no "never retrieved" log."""
-    if not future.done():
-        future.set_exception(exc)
-        future.exception()

@@ -48,6 +48,8 @@ class RouteSender(Generic[T, K]):
         return await self.route(self._key(message)).send(message)
 
     def unconfirmed(self) -> Sequence[T]:
+        """Oldest first per key, key after key (in the order the keys were first used): routes
+        are independent streams, e.g. priority levels, which the broker reorders anyway."""
         return [message for sender in self.routes.values() for message in sender.unconfirmed()]
 
     def drop_unconfirmed(self) -> None:

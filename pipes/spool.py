@@ -52,10 +52,10 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import Final, final
 
-from truba.pipes.base import Confirmation, Layer, Sender
+from truba.pipes.base import Confirmation, Layer, Sender, fail_confirmation
 from truba.pipes.commit import SYNC_INTERVAL, Committer, FsyncPolicy, check_policy
-from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.spool_log import SpoolError, SpoolFull, SpoolLocked, SpoolLog
+from truba.pipes.errors import PipeClosed, PipeError, SpoolError, SpoolFull, SpoolLocked
+from truba.pipes.spool_log import SpoolLog
 
 __all__ = ["SYNC_INTERVAL", "FsyncPolicy", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolSender", "spool"]
 
@@ -265,9 +265,7 @@ class SpoolSender:
                 outer.set_result(None)
         else:
             log.debug("pipe.spool.unconfirmed", extra={"seq": seq, "error": repr(error)})
-            if not outer.done():
-                outer.set_exception(error)
-                outer.exception()  # callers that never await it must not get "never retrieved"
+            fail_confirmation(outer, error)
 
     def _forget(self, seq: int) -> None:
         self._log.forget(seq)

@@ -28,7 +28,9 @@ from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
 from truba.pipes.base import Codec, Layer, Listener, Sender
 from truba.pipes.broker import Broker, PrefetchListener, QueueSpec
-from truba.pipes.frame import DoneCheck, FrameLimits, FrameListener, FrameSender
+from truba.pipes.frame import FrameSender
+from truba.pipes.frame_limits import FrameLimits
+from truba.pipes.frame_listener import DoneCheck, FrameListener
 from truba.pipes.log import log_errors, log_listener
 from truba.pipes.merge import MergeListener
 from truba.pipes.pipeline import ListenerPipeline, Pipeline

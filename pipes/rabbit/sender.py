@@ -12,7 +12,8 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
-from truba.pipes.base import Confirmation
+from truba.pipes.backpressure import Window
+from truba.pipes.base import Confirmation, fail_confirmation
 from truba.pipes.broker import SENT_AT, redact
 from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, PipeError, SendTimeout
 from truba.pipes.rabbit.errors import map_amqp_errors
@@ -29,7 +30,8 @@ A consumer of a redelivered message reads a record from about then (see truba.pi
 class RabbitSender:
     """Publishes persistent, mandatory messages to one queue and tracks them until confirmed.
 
-    At most ``max_unconfirmed`` messages are in flight; ``send`` waits for room (backpressure).
+    At most ``max_unconfirmed`` messages are in flight; ``send`` waits for room (backpressure,
+    :mod:`truba.pipes.backpressure`), and a waiting ``send`` wakes when the sender breaks or closes.
     A confirm that does not arrive within ``confirm_timeout`` (e.g. a memory alarm blocks the
     connection) breaks the sender: its messages stay in ``unconfirmed()``. A nack or an
     unroutable return fails that message's confirmation with MessageRejected and keeps it too;
@@ -68,7 +70,7 @@ class RabbitSender:
         self._queue = queue
         self._url = url
         self._confirm_timeout = confirm_timeout
-        self._window = asyncio.Semaphore(max_unconfirmed)
+        self._window = Window(max_unconfirmed)
         # seq -> (body, confirmation, deadline of its confirm); oldest first
         self._pending: dict[int, tuple[bytes, Confirmation, float]] = {}
         self._seq = 0
@@ -86,10 +88,12 @@ class RabbitSender:
         if not self._closed and self._broken is None:
             self._broken = ChannelLost(f"channel to {redact(self._url)} closed: {exc!r}")
             log.warning("pipe.rabbit.sender.broken", extra={"broker": redact(self._url), "error": repr(exc)})
+        self._window.room.close()  # waiting sends raise the break (or PipeClosed)
         self._disarm()
         # Fail every pending confirm now: the messages stay listed as unconfirmed.
+        error = self._broken or PipeClosed("sender closed before the confirm arrived")
         for _, confirmation, _ in self._pending.values():
-            _fail(confirmation, self._broken or PipeClosed("sender closed before the confirm arrived"))
+            fail_confirmation(confirmation, error)
 
     def _check_usable(self) -> None:
         if self._closed:
@@ -99,12 +103,10 @@ class RabbitSender:
 
     async def send(self, message: bytes) -> Confirmation:
         self._check_usable()
-        await self._window.acquire()
-        try:
+        if self._window.full:
+            await self._window.wait()
             self._check_usable()
-        except PipeError:
-            self._window.release()
-            raise
+        self._window.take()
         self._seq += 1
         seq = self._seq
         confirmation: Confirmation = self._loop.create_future()
@@ -143,7 +145,7 @@ class RabbitSender:
                 )
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})
-            _fail(confirmation, exc)
+            fail_confirmation(confirmation, exc)
             if exc.unroutable:
                 self._start_redeclare()
         except PipeError as exc:
@@ -156,16 +158,18 @@ class RabbitSender:
                 closing = asyncio.create_task(close_quietly(self._channel))
                 self._tasks.add(closing)
                 closing.add_done_callback(self._tasks.discard)
-            _fail(confirmation, self._broken)
+                self._window.room.close()
+            fail_confirmation(confirmation, self._broken)
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if self._closed or (task is not None and task.cancelling()):
-                _fail(confirmation, PipeClosed("sender closed before the confirm arrived"))
+                fail_confirmation(confirmation, PipeClosed("sender closed before the confirm arrived"))
                 raise
             # aiormq cancels pending confirms when the connection dies under us: a break, not a close.
             if self._broken is None:
                 self._broken = ChannelLost(f"channel to {redact(self._url)} lost before the confirm arrived")
-            _fail(confirmation, self._broken)
+                self._window.room.close()
+            fail_confirmation(confirmation, self._broken)
         else:
             # A confirm that comes after its confirmation failed (timed out) keeps the message
             # listed: the caller was told it is unconfirmed, and an outer layer re-sends it.
@@ -173,7 +177,7 @@ class RabbitSender:
                 self._pending.pop(seq, None)
                 confirmation.set_result(None)
         finally:
-            self._window.release()
+            self._window.give()
 
     def _check_deadline(self) -> None:
         """Breaks the sender when its oldest waiting message is past its confirm deadline."""
@@ -198,7 +202,8 @@ class RabbitSender:
             extra={"broker": redact(self._url), "queue": self._queue, "error": repr(exc)},
         )
         for _, confirmation, _ in self._pending.values():
-            _fail(confirmation, exc)
+            fail_confirmation(confirmation, exc)
+        self._window.room.close()
         for task in list(self._tasks):  # publishes still waiting (e.g. a blocked connection)
             task.cancel()
         closing = asyncio.create_task(close_quietly(self._channel))
@@ -240,6 +245,7 @@ class RabbitSender:
         if self._closed:
             return
         self._closed = True
+        self._window.room.close()  # waiting sends raise PipeClosed
         self._disarm()
         try:
             if self._tasks and self._broken is None:
@@ -249,10 +255,3 @@ class RabbitSender:
             for task in list(self._tasks):
                 task.cancel()
             await close_quietly(self._channel)
-
-
-def _fail(confirmation: Confirmation, exc: BaseException) -> None:
-    if not confirmation.done():
-        confirmation.set_exception(exc)
-        # Callers that never await a confirmation must not get "exception was never retrieved".
-        confirmation.exception()

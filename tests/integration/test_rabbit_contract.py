@@ -1,5 +1,5 @@
-"""The contract suite (``tests/unit/pipes/contract.py``) against RabbitMQ: the leaves, and reopen
-wrapping them.
+"""The contract suite (``tests/unit/pipes/contract.py``) against RabbitMQ: the leaves, reopen
+wrapping them, and the frame layers over them (a frame is one AMQP message).
 
 Each harness gets its own queue and its own fault proxy in front of a shared broker, so faults hit
 only that pipe's connections: ``stall("downstream")`` holds the broker's confirms (publishes still
@@ -36,6 +36,10 @@ from truba.local import ThreadedFaultProxy
 from truba.pipes.base import Listener, Sender
 from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame import FrameSender
+from truba.pipes.frame_format import pack
+from truba.pipes.frame_limits import FrameLimits
+from truba.pipes.frame_listener import FrameListener
 from truba.pipes.rabbit import RabbitBroker, RabbitConnection, RabbitListener, RabbitSender
 from truba.pipes.reopen import ReopenSender
 from truba.pipes.reopen_listener import ReopenListener
@@ -163,8 +167,9 @@ class RabbitSenderBottom:
 class RabbitListenerBottom:
     """RabbitListener leaves through a fault proxy; messages are published directly to the queue."""
 
-    def __init__(self, link: _Link, admin: RabbitConnection, pusher: RabbitSender) -> None:
+    def __init__(self, link: _Link, admin: RabbitConnection, pusher: RabbitSender, *, framed: bool) -> None:
         self.link = link
+        self._framed = framed
         self.leaves: list[RabbitListener] = []
         self._admin = admin
         self._pusher = pusher
@@ -188,7 +193,9 @@ class RabbitListenerBottom:
         return leaf
 
     async def push(self, message: bytes) -> None:
-        await asyncio.wait_for(await self._pusher.send(message), REAL.patience)
+        # Framed: each message arrives as a frame of one, handed out as a member of it.
+        data = pack([message]) if self._framed else message
+        await asyncio.wait_for(await self._pusher.send(data), REAL.patience)
 
     async def break_(self) -> None:
         await self.link.cut()
@@ -212,7 +219,7 @@ class RabbitListenerBottom:
         return count
 
 
-def rabbit_senders(rig: Rig, *, reopen: bool) -> SenderFactory[bytes]:
+def rabbit_senders(rig: Rig, *, reopen: bool, framed: bool = False) -> SenderFactory[bytes]:
     @contextlib.asynccontextmanager
     async def make(*, rejecting: bool = False) -> AsyncIterator[SenderHarness[bytes]]:
         queue = rig.queue()
@@ -227,6 +234,8 @@ def rabbit_senders(rig: Rig, *, reopen: bool) -> SenderFactory[bytes]:
                 if reopen
                 else await bottom.leaf()
             )
+            if framed:
+                sender = FrameSender(sender, FrameLimits())
             try:
                 yield SenderHarness(sender, bottom, REAL, reopens=reopen)
             finally:
@@ -240,7 +249,7 @@ def rabbit_senders(rig: Rig, *, reopen: bool) -> SenderFactory[bytes]:
     return make
 
 
-def rabbit_listeners(rig: Rig, *, reopen: bool) -> ListenerFactory[bytes]:
+def rabbit_listeners(rig: Rig, *, reopen: bool, framed: bool = False) -> ListenerFactory[bytes]:
     @contextlib.asynccontextmanager
     async def make() -> AsyncIterator[ListenerHarness[bytes]]:
         queue = rig.queue()
@@ -249,12 +258,14 @@ def rabbit_listeners(rig: Rig, *, reopen: bool) -> ListenerFactory[bytes]:
         try:
             await admin.declare(QueueSpec(queue))
             pusher = await admin.sender(queue)
-            bottom = RabbitListenerBottom(link, admin, pusher)
+            bottom = RabbitListenerBottom(link, admin, pusher, framed=framed)
             listener: Listener[bytes] = (
                 ReopenListener(bottom.connect, label=queue, connect_timeout=5.0, backoff=RECONNECT)
                 if reopen
                 else await bottom.leaf()
             )
+            if framed:
+                listener = FrameListener(listener)
             try:
                 yield ListenerHarness(listener, bottom, REAL, reopens=reopen)
             finally:
@@ -268,7 +279,13 @@ def rabbit_listeners(rig: Rig, *, reopen: bool) -> ListenerFactory[bytes]:
     return make
 
 
-IMPLS = {"rabbit": False, "reopen-rabbit": True}
+@dataclass(frozen=True)
+class Impl:
+    reopen: bool
+    framed: bool = False
+
+
+IMPLS = {"rabbit": Impl(False), "reopen-rabbit": Impl(True), "frame-rabbit": Impl(False, framed=True)}
 
 SENDER_XFAIL: dict[tuple[str, str], str] = {}
 LISTENER_XFAIL: dict[tuple[str, str], str] = {}
@@ -276,31 +293,33 @@ LISTENER_XFAIL: dict[tuple[str, str], str] = {}
 
 def _cases(checks: Callable[..., dict[str, Any]], xfail: dict[tuple[str, str], str]) -> list[Any]:
     cases = []
-    for impl, reopens in IMPLS.items():
-        for name, check in checks(reopens=reopens).items():
-            reason = xfail.get((impl, name))
+    for label, impl in IMPLS.items():
+        for name, check in checks(reopens=impl.reopen).items():
+            reason = xfail.get((label, name))
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            cases.append(pytest.param(reopens, check, id=f"{impl}-{name}", marks=marks))
+            cases.append(pytest.param(impl, check, id=f"{label}-{name}", marks=marks))
     return cases
 
 
-@pytest.mark.parametrize(("reopen", "check"), _cases(sender_checks, SENDER_XFAIL))
+@pytest.mark.parametrize(("impl", "check"), _cases(sender_checks, SENDER_XFAIL))
 async def test_rabbit_sender_contract(
-    reopen: bool,
+    impl: Impl,
     check: SenderCheck,
     rabbit_nodes: list[Broker],
     fault_proxy: Callable[[Broker], ThreadedFaultProxy],
     request: pytest.FixtureRequest,
 ) -> None:
-    await check(rabbit_senders(Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid), reopen=reopen))
+    rig = Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid)
+    await check(rabbit_senders(rig, reopen=impl.reopen, framed=impl.framed))
 
 
-@pytest.mark.parametrize(("reopen", "check"), _cases(listener_checks, LISTENER_XFAIL))
+@pytest.mark.parametrize(("impl", "check"), _cases(listener_checks, LISTENER_XFAIL))
 async def test_rabbit_listener_contract(
-    reopen: bool,
+    impl: Impl,
     check: ListenerCheck,
     rabbit_nodes: list[Broker],
     fault_proxy: Callable[[Broker], ThreadedFaultProxy],
     request: pytest.FixtureRequest,
 ) -> None:
-    await check(rabbit_listeners(Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid), reopen=reopen))
+    rig = Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid)
+    await check(rabbit_listeners(rig, reopen=impl.reopen, framed=impl.framed))

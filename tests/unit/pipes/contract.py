@@ -731,14 +731,20 @@ class FakeSenderBottom(Generic[T, B]):
     """FakeSender leaves under a sender stack; ``T`` is what the stack takes, ``B`` what leaves see.
 
     Build the stack over ``leaf()`` (once per leaf), or hand ``connect`` to a reopen wrapper.
-    ``to_leaf`` maps a message to its leaf form (e.g. a codec's ``encode``).
+    ``to_leaf`` maps a message to its leaf form (e.g. a codec's ``encode``). Without
+    ``partial_confirms`` the bottom releases its held confirms only all at once: for a stack whose
+    leaves see other messages than it takes (frames of several), which it cannot confirm one by one.
     """
 
-    partial_confirms = True
-
     def __init__(
-        self, message: Callable[[int], T], to_leaf: Callable[[T], B], *, rejecting: bool = False
+        self,
+        message: Callable[[int], T],
+        to_leaf: Callable[[T], B],
+        *,
+        rejecting: bool = False,
+        partial_confirms: bool = True,
     ) -> None:
+        self.partial_confirms = partial_confirms
         self.leaves: list[FakeSender[B]] = []
         self._message = message
         self._to_leaf = to_leaf
@@ -780,13 +786,18 @@ class FakeSenderBottom(Generic[T, B]):
             for leaf in live:
                 leaf.reject(len(leaf.unconfirmed()))
             return
-        # Oldest first across leaves: message i was sent before message i + 1.
-        held = sorted(
-            ((self._order[m], m, leaf) for leaf in live for m in leaf.unconfirmed()), key=lambda e: e[0]
-        )
-        for _, message, leaf in held[:count]:
-            assert leaf.unconfirmed()[0] == message, "the fake broker confirms in send order only"
-            leaf.confirm(1)
+        if not self.partial_confirms:
+            assert count is None, "this bottom confirms its held messages only all at once"
+            for leaf in live:  # what a leaf holds may be frames: no message order to follow
+                leaf.confirm()
+        else:
+            # Oldest first across leaves: message i was sent before message i + 1.
+            held = sorted(
+                ((self._order[m], m, leaf) for leaf in live for m in leaf.unconfirmed()), key=lambda e: e[0]
+            )
+            for _, message, leaf in held[:count]:
+                assert leaf.unconfirmed()[0] == message, "the fake broker confirms in send order only"
+                leaf.confirm(1)
         if count is None:
             self._held = False
             for leaf in self.leaves:

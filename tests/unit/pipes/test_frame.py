@@ -256,6 +256,20 @@ async def test_a_waiter_that_leaves_loses_nothing_and_timeouts_return_none() -> 
     assert [first.message, second.message] == [b"a", b"b"] and listener.held == 0
 
 
+async def test_a_waiter_that_joins_a_shorter_pull_still_waits_its_own_timeout() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    short = asyncio.ensure_future(listener.get(0.02))  # starts the shared inner get
+    await asyncio.sleep(0)
+    long = asyncio.ensure_future(listener.get(0.2))  # joins it, then outlives it
+    assert await short is None
+    await asyncio.sleep(0.05)
+    assert not long.done(), "a get returned before its timeout: the pull it joined had ended"
+    inner.push(pack([b"late"]))
+    delivery = await asyncio.wait_for(long, 1.0)
+    assert delivery is not None and delivery.message == b"late"
+
+
 async def test_an_error_of_the_inner_listener_reaches_every_waiter() -> None:
     inner: FakeListener[bytes] = FakeListener()
     listener = FrameListener(inner)

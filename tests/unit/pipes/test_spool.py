@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from truba.pipes import spool_log
+from truba.pipes import spool_format, spool_log
 from truba.pipes.base import Confirmation
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed
 from truba.pipes.spool import FsyncPolicy, SpoolError, SpoolFull, SpoolLocked, SpoolSender, spool
@@ -242,7 +242,7 @@ async def test_a_torn_or_corrupt_tail_record_is_ignored_with_a_warning(
     data = segment.read_bytes()
     segment.write_bytes(data[:-2])  # a crash in the middle of the last append
 
-    caplog.set_level(logging.WARNING, logger="truba.pipes.spool_log")
+    caplog.set_level(logging.WARNING, logger="truba.pipes.spool_recovery")
     replayed: FakeSender[bytes] = FakeSender()
     reopened = await SpoolSender.open(replayed, tmp_path)
     assert replayed.sent == [b"one", b"two"]
@@ -421,7 +421,7 @@ async def test_torn_or_foreign_forget_marks_forget_nothing(tmp_path: Path) -> No
     await sender.close()
     [marks] = tmp_path.glob("*.ack")
     seq_of_b = 1
-    foreign = spool_log.ACK.pack(seq_of_b, 12345)  # right seq, wrong salt: another incarnation's
+    foreign = spool_format.ACK.pack(seq_of_b, 12345)  # right seq, wrong salt: another incarnation's
     marks.write_bytes(marks.read_bytes() + foreign + b"\x02\x00\x00")  # plus a torn mark
     again: FakeSender[bytes] = FakeSender()
     await (await SpoolSender.open(again, tmp_path)).close()
@@ -446,6 +446,6 @@ def test_append_many_writes_one_run_per_segment_and_recovers_in_order(
 def test_append_many_refuses_an_oversized_record_before_writing_any(tmp_path: Path) -> None:
     log = spool_log.SpoolLog.open(tmp_path, durable=False, segment_bytes=1 << 20)
     with pytest.raises(SpoolError, match="exceeds"):
-        log.append_many([b"fine", b"x" * (spool_log.MAX_RECORD + 1)])
+        log.append_many([b"fine", b"x" * (spool_format.MAX_RECORD + 1)])
     assert log.next_seq == 0
     log.close()

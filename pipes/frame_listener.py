@@ -1,0 +1,253 @@
+"""Layer: hand out each member of a frame (:mod:`truba.pipes.frame`) as a delivery of its own.
+
+:class:`FrameListener` unpacks frames into one delivery per member. The frame is settled with
+the broker once every member is: acked when all were acked; a member rejected with requeue is
+published again alone through ``requeue`` (when given) before the frame is acked, so the members
+that were done do not run again. Without ``requeue`` (or for members rejected without requeue)
+the whole frame is rejected that way once all members are settled: done members may then run
+again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
+:class:`~truba.pipes.record.DoneRecord`), a frame that comes back redelivered is first looked up
+in it: members that already have a confirmed result are acked instead of handed out, so a frame
+a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
+as any redelivered AMQP message would.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import final
+
+from truba.pipes.base import Delivery, Listener, Sender
+from truba.pipes.errors import PipeError
+from truba.pipes.frame_format import unpack
+
+log = logging.getLogger(__name__)
+
+
+@final
+class _Frame:
+    """One received frame: settled with the broker once every member is."""
+
+    def __init__(self, delivery: Delivery[bytes], members: int, requeue: Sender[bytes] | None) -> None:
+        self.delivery = delivery
+        self.left = members
+        self.requeue = requeue
+        self.again = False  # a member asked to run again, and could not be sent alone
+        self.dead = False  # a member was rejected without requeue
+
+    async def settle(self, message: bytes, how: str) -> None:
+        if how == "requeue":
+            if self.requeue is not None:
+                confirmation = await self.requeue.send(message)
+                await confirmation
+            else:
+                self.again = True
+        elif how == "reject":
+            self.dead = True
+        self.left -= 1
+        if self.left == 0:
+            if self.again:
+                await self.delivery.reject(requeue=True)
+            elif self.dead:
+                await self.delivery.reject(requeue=False)
+            else:
+                await self.delivery.ack()
+
+
+@final
+class _Member:
+    """One message of a frame, settled on its own."""
+
+    def __init__(self, message: bytes, frame: _Frame) -> None:
+        self._message = message
+        self._frame = frame
+        self._settled = False
+
+    @property
+    def message(self) -> bytes:
+        return self._message
+
+    @property
+    def redelivered(self) -> bool:
+        return self._frame.delivery.redelivered
+
+    @property
+    def headers(self) -> Mapping[str, object]:
+        return self._frame.delivery.headers
+
+    async def ack(self) -> None:
+        await self._settle("ack")
+
+    async def reject(self, requeue: bool) -> None:
+        await self._settle("requeue" if requeue else "reject")
+
+    async def _settle(self, how: str) -> None:
+        if self._settled:
+            raise PipeError("frame member already settled")
+        self._settled = True
+        await self._frame.settle(self._message, how)
+
+
+DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
+"""Given a redelivered delivery and its members, the indexes of those with a confirmed result
+(see :class:`~truba.pipes.record.DoneRecord`)."""
+
+
+@final
+class FrameListener:
+    """``Listener[bytes] -> Listener[bytes]`` handing out each member of a frame on its own.
+
+    Several consumers may wait in ``get`` at once (a daemon's workers): one inner ``get`` runs
+    for all of them, and the members of a frame it brings go to every waiter, so a frame is
+    spread over the free slots instead of waiting behind one. Members received and not yet
+    handed out stay here until ``get`` takes them (after :meth:`cancel` too) or :meth:`close`
+    returns their frames to the broker.
+    """
+
+    name = "unframe"
+
+    def __init__(
+        self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None, done: DoneCheck | None = None
+    ) -> None:
+        self.inner = inner
+        self._requeue = requeue
+        self._done = done
+        self._looking_up = False
+        self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
+        """Members received and not handed out yet, with when their frame arrived."""
+        self._pull: asyncio.Task[bool] | None = None
+        self._pull_until = 0.0
+        """When the running pull's inner get times out (loop time)."""
+
+    @property
+    def held(self) -> int:
+        """Members received and not handed out yet."""
+        return len(self._ready)
+
+    def held_for(self) -> float:
+        """Seconds the oldest member not handed out yet has waited here (0.0: none waits).
+
+        An owner whose consumers are all busy hands such members back when they wait too
+        long, so that another consumer of the queue can run them (late binding).
+        """
+        if not self._ready:
+            return 0.0
+        return time.monotonic() - self._ready[0][0]
+
+    async def get(self, timeout: float) -> Delivery[bytes] | None:
+        if self._ready:
+            return self._ready.popleft()[1]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            pull = self._pull or self._start_pull(deadline)
+            until = self._pull_until  # a pull another waiter started may end before our deadline
+            # asyncio.wait neither cancels the pull on timeout nor when this waiter is
+            # cancelled: what the pull brings stays here for the next get.
+            await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
+            if not pull.done() and self._looking_up:
+                # The pull holds a redelivered frame and is looking it up in the record (a
+                # bounded wait): its members come next, and must not go unseen by an owner
+                # that takes what is left before closing (it would return them redelivered).
+                await asyncio.wait((pull,))
+            if self._ready:
+                return self._ready.popleft()[1]
+            if not pull.done():
+                return None  # our time is up; the pull goes on for the others
+            if not pull.cancelled() and (error := pull.exception()) is not None:
+                raise error
+            if loop.time() >= deadline or (not pull.cancelled() and not pull.result() and until >= deadline):
+                return None  # the inner get timed out for our whole timeout
+            # Others took what the pull brought, or it was cancelled, or it timed out before our
+            # deadline (another waiter's, shorter): pull again for the rest of our time.
+
+    async def take_in(self) -> None:
+        """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
+        split: its members then count as :attr:`held`. Lets an owner whose consumers are all
+        busy see (and hand back) a frame that would otherwise wait unseen in the prefetch."""
+        if self._pull is None:
+            await asyncio.wait((self._start_pull(asyncio.get_running_loop().time()),))
+
+    def _start_pull(self, until: float) -> asyncio.Task[bool]:
+        """The one inner get that every waiter shares (see :meth:`get`), waiting until ``until``."""
+        loop = asyncio.get_running_loop()
+        self._pull_until = until
+        pull = self._pull = loop.create_task(self._fetch(max(0.0, until - loop.time())))
+        pull.add_done_callback(self._pulled)
+        return pull
+
+    def _pulled(self, pull: asyncio.Task[bool]) -> None:
+        if self._pull is pull:  # cancelled before it ran (its own finally never ran)
+            self._pull = None
+        if not pull.cancelled():
+            pull.exception()  # seen: its waiters may all have left (the next get raises it anew)
+
+    async def _fetch(self, timeout: float) -> bool:
+        """One inner get; its members go to ``_ready``. False when it timed out."""
+        try:
+            delivery = await self.inner.get(timeout)
+        finally:
+            self._pull = None
+        if delivery is None:
+            return False
+        members = await self._unsettled(delivery)
+        now = time.monotonic()
+        self._ready.extend((now, member) for member in members)
+        return True
+
+    def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
+        async def each(delivery: Delivery[bytes]) -> None:
+            for member in await self._unsettled(delivery):
+                await callback(member)
+
+        self.inner.subscribe(each)
+
+    async def cancel(self) -> None:
+        await self.inner.cancel()
+
+    async def close(self) -> None:
+        if self._pull is not None:
+            self._pull.cancel()
+        self._ready.clear()  # unsettled members: their frames go back to the broker
+        await self.inner.close()
+
+    async def _unsettled(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
+        """The members of ``delivery`` to hand out: all of them, but for a redelivered one those
+        that the ``done`` record says have a result already (they are acked here)."""
+        members = self._split(delivery)
+        if self._done is None or not delivery.redelivered or len(members) == 1:
+            return members  # a lone message runs again, as any redelivered AMQP message would
+        self._looking_up = True
+        try:
+            done = set(await self._done(delivery, [member.message for member in members]))
+        except Exception as exc:  # the record is an optimisation: without it, all run again
+            log.warning("pipe.frame.record_failed", extra={"error": repr(exc)})
+            return members
+        finally:
+            self._looking_up = False
+        if done:
+            log.info("pipe.frame.done_before", extra={"members": len(members), "done": len(done)})
+        for i in sorted(done):
+            await members[i].ack()
+        return [member for i, member in enumerate(members) if i not in done]
+
+    def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
+        members = unpack(delivery.message)
+        if not members:
+            return [delivery]
+        frame = _Frame(delivery, len(members), self._requeue)
+        return [_Member(message, frame) for message in members]
+
+
+def unframing(listener: Listener[object]) -> FrameListener | None:
+    """The :class:`FrameListener` layer inside a stack of listeners (each layer's ``inner``)."""
+    layer: object = listener
+    while layer is not None:
+        if isinstance(layer, FrameListener):
+            return layer
+        layer = getattr(layer, "inner", None)
+    return None
