@@ -10,9 +10,10 @@ from truba.client.errors import (
     SchedulerError,
     Unavailable,
 )
-from truba.client.job import CallbackFailed, Job, SubmitTimeout
+from truba.client.job import CallbackFailed, Job
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
+from truba.client.submission import SubmitTimeout
 
 __all__ = [
     "BlockingClient",

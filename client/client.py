@@ -217,7 +217,7 @@ class Client:
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
         job = Job(
-            self,
+            self.jobs,
             info,
             tasks,
             results,
