@@ -107,8 +107,8 @@ async def test_duplicate_results_are_dropped(scheduler: FakeScheduler, client: C
     await job.close()
     (daemon,) = daemons_for(scheduler, job)
     tasks = await daemon.take()
-    await daemon.answer(tasks)
-    await daemon.answer(tasks)  # a daemon died after sending: the tasks ran twice
+    await daemon.answer(tasks[:2])
+    await daemon.answer(tasks)  # a daemon died after sending: the first two ran twice
     outcomes = await collect(job.results())
     assert sorted(o.task_id for o in outcomes) == sorted(ids)
 
