@@ -10,7 +10,7 @@
 - :class:`~truba.client.progress.ProgressReporter`: coalesced progress reports;
 - :class:`~truba.client.lifecycle.JobCalls`: the calls to the scheduler, through the JobService
   stub the client hands in (close, finish, cancel, importance, watch, info);
-- :func:`~truba.client.map.map_outcomes`: ``map``.
+- :func:`~truba.client.map.map_outcomes`: ``map``; :func:`~truba.client.callback.deliver`: ``on_result``.
 
 Every task stays in the journal from ``submit`` until the application has taken its outcome, and
 a result is acked only after that, so a crash anywhere loses nothing: :meth:`Client.resume` sends
@@ -24,9 +24,10 @@ import asyncio
 import contextlib
 import logging
 import shutil
-from collections.abc import AsyncGenerator, AsyncIterable, Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterable, Coroutine, Iterable, Sequence
 from typing import Any
 
+from truba.client.callback import OutcomeCallback, deliver
 from truba.client.encoded import EncodedTask
 from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
@@ -37,7 +38,6 @@ from truba.client.outcome import Outcome
 from truba.client.progress import ProgressReporter
 from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
-from truba.errors import TrubaError
 from truba.pipes.base import Listener, Sender
 from truba.pipes.broker import Broker
 from truba.pipes.errors import PipeError
@@ -45,14 +45,6 @@ from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultMessage
 
 log = logging.getLogger(__name__)
-
-
-class CallbackFailed(TrubaError):
-    """An ``on_result`` callback raised; its outcome was not taken and comes again."""
-
-    def __init__(self, task_id: str) -> None:
-        super().__init__(f"the on_result callback raised for task {task_id}; its outcome was put back")
-        self.task_id = task_id
 
 
 class Job:
@@ -205,7 +197,7 @@ class Job:
         """
         return self._stream.outcomes()
 
-    def on_result(self, callback: Callable[[Outcome], Awaitable[None] | None]) -> asyncio.Task[None]:
+    def on_result(self, callback: OutcomeCallback) -> asyncio.Task[None]:
         """Calls ``callback`` for every outcome in the background; returns that task.
 
         If the callback raises, its outcome is not taken: it is put back (it comes again to the
@@ -214,23 +206,8 @@ class Job:
         ``on_result`` again to go on.
         """
 
-        async def consume() -> None:
-            stream = self.results()
-            try:
-                async for outcome in stream:
-                    try:
-                        maybe = callback(outcome)
-                        if maybe is not None:
-                            await maybe
-                    except Exception as exc:
-                        log.exception(
-                            "client.callback_failed", extra={"job_id": self.id, "task_id": outcome.task_id}
-                        )
-                        raise CallbackFailed(outcome.task_id) from exc
-            finally:
-                await stream.aclose()
-
-        self._consumer = asyncio.create_task(consume(), name=f"on-result-{self.id}")
+        consumer = deliver(self.results(), callback, job_id=self.id)
+        self._consumer = asyncio.create_task(consumer, name=f"on-result-{self.id}")
         return self._consumer
 
     async def wait(self) -> None:
