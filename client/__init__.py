@@ -1,6 +1,7 @@
 """truba.client: the SDK: create jobs, submit tasks, take one outcome per task."""
 
 from truba.client.blocking import BlockingClient, BlockingJob, connect
+from truba.client.callback import CallbackFailed
 from truba.client.client import Client
 from truba.client.errors import (
     FailedPrecondition,
@@ -10,9 +11,10 @@ from truba.client.errors import (
     SchedulerError,
     Unavailable,
 )
-from truba.client.job import CallbackFailed, Job, SubmitTimeout
+from truba.client.job import Job
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
+from truba.client.submission import SubmitTimeout
 
 __all__ = [
     "BlockingClient",

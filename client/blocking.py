@@ -19,7 +19,8 @@ from types import TracebackType
 from typing import TypeVar, Unpack
 
 from truba.client.client import Client
-from truba.client.job import MAP_WINDOW, Job
+from truba.client.job import Job
+from truba.client.map import MAP_WINDOW
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome
 from truba.proto.v1 import jobs_pb2

@@ -65,6 +65,7 @@ class Client:
         token: str | None = None,
         tls_ca: str | os.PathLike[str] | None = None,
         brokers: BrokerFactory | None = None,
+        scheduler: jobs_pb2_grpc.JobServiceAsyncStub | None = None,
     ) -> None:
         """A client of the scheduler at ``address``.
 
@@ -83,6 +84,8 @@ class Client:
                 ``$TRUBA_TLS_CA``); without it the channel is plaintext.
             brokers: opens the link to each broker the scheduler lists (default: RabbitMQ;
                 :class:`truba.pipes.testing.FakeBroker` in tests).
+            scheduler: the JobService to call (default: a gRPC stub on a channel to ``address``;
+                an in-process fake in tests).
         """
         self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
@@ -94,6 +97,7 @@ class Client:
             raise ValueError(f"max_payload: must be at least 1 byte, got {max_payload}")
         self._max_payload = max_payload
         self._channel: grpc.aio.Channel | None = None
+        self._scheduler = scheduler
         self._stub: jobs_pb2_grpc.JobServiceAsyncStub | None = None
         self._links: dict[str, Broker] = {}
         self._jobs: weakref.WeakSet[Job] = weakref.WeakSet()
@@ -111,7 +115,9 @@ class Client:
 
     async def connect(self) -> None:
         """Opens the gRPC channel (lazily connected; the first call reports an unreachable scheduler)."""
-        if self._channel is None:
+        if self._scheduler is not None:
+            self._stub = self._scheduler
+        elif self._channel is None:
             self._channel = open_channel(self.address, self._credentials)
             self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
 
@@ -217,7 +223,7 @@ class Client:
         window = Window(self._result_prefetch)
         results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
         job = Job(
-            self,
+            self.jobs,
             info,
             tasks,
             results,
@@ -277,7 +283,7 @@ class Client:
         if self._channel is not None:
             await self._channel.close(None)
             self._channel = None
-            self._stub = None
+        self._stub = None
 
 
 def default_journal_dir() -> Path:

@@ -34,6 +34,7 @@ class LossWatch:
 
     ``known`` says whether the markers were declared before (a resumed job): a marker missing at
     the first check is then a loss too. For a new job, a missing marker is just not made yet.
+    ``interval`` defaults to :data:`CHECK_INTERVAL` as it is when the watch is made.
     """
 
     def __init__(
@@ -44,14 +45,14 @@ class LossWatch:
         *,
         job_id: str,
         known: bool,
-        interval: float = CHECK_INTERVAL,
+        interval: float | None = None,
     ) -> None:
         self._links = list(links)
         self._spec = QueueSpec(marker, kind="classic")
         self._on_lost = on_lost
         self._job_id = job_id
         self._marked = {link.url: known for link in self._links}
-        self._interval = interval
+        self._interval = CHECK_INTERVAL if interval is None else interval
         self._task: asyncio.Task[None] | None = None
         self.losses = 0
         """Broker losses seen."""

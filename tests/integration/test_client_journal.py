@@ -113,7 +113,7 @@ async def test_a_wiped_broker_is_declared_lost_and_the_tasks_it_held_complete(
                 async for outcome in job.results():
                     assert outcome.ok, outcome.error
                     seen[outcome.task_id] += 1
-            assert job._watch.losses >= 1
+            assert job._submission.watch.losses >= 1
     assert set(seen) == set(ids), f"{len(set(ids) - set(seen))} tasks never completed"
     assert max(seen.values()) == 1
 

@@ -8,7 +8,7 @@ until every task is done. The client's side keeps every raw result message.
 What is asserted, per task of both jobs:
 
 - exactly one outcome at the client, i.e. after deduplication by task id (what truba's client
-  does, see truba.client.job): none lost. Raw duplicates (the same task's result twice) are
+  does, see truba.client.result_stream): none lost. Raw duplicates (the same task's result twice) are
   asserted to be zero as well: preemption never lets a task finish twice (an interrupted task
   has no result; a runner that leaves confirms and acks its ends before closing), so a raw
   duplicate here would be a daemon bug even though the client would hide it. Their count is

@@ -1,0 +1,161 @@
+"""A job's result stream: one outcome per task, exactly once, acked only once taken for good.
+
+Results come in through the result pipe (merge of brokers → deserialize). One whose task is not
+in the journal any more is a duplicate (a task may run twice when a daemon dies after sending its
+result, or be sent again after a broker lost its data) and is dropped. An outcome counts as taken
+when the consumer asks for the next one: the journal then forgets its task, and its result waits
+to be acked with a batch. A batch is acked when :data:`ACK_BATCH` outcomes were taken, when no
+more members of a frame are at hand, and when the stream ends; the journal's forget marks are
+written first (a crash in between brings the results back as duplicates, which are dropped). A
+consumer that raises or stops at an outcome puts it back: its result is requeued and comes again.
+
+The stream ends when the job is closed and every task has its outcome (then the job is finished),
+or when it is cancelled (then every task still without an outcome gets a cancelled one).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from typing import Final, final
+
+from truba.client.framing import FrameSizer
+from truba.client.journal import TaskJournal
+from truba.client.lifecycle import JobStatus
+from truba.client.outcome import Outcome
+from truba.pipes.base import Delivery, Listener
+from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame import unframing
+from truba.wire import ResultMessage
+
+log = logging.getLogger(__name__)
+
+ACK_BATCH: Final = 64
+"""Outcomes taken at most before their results are acked (sooner when no more are at hand)."""
+STATE_POLL_SECONDS: Final = 2.0
+"""Seconds without a result after which the stream asks (``poll``) how the job stands."""
+GET_TIMEOUT: Final = 0.5
+"""Seconds one wait for a result lasts at most."""
+
+
+@final
+class ResultStream:
+    """Yields a job's outcomes; see the module.
+
+    ``on_taken`` is called for every outcome taken (progress); ``poll`` while no result comes
+    (the job may have been cancelled elsewhere); ``on_done`` once every outcome is taken.
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        results: Listener[ResultMessage],
+        journal: TaskJournal,
+        status: JobStatus,
+        *,
+        sizer: FrameSizer | None,
+        on_taken: Callable[[], None],
+        poll: Callable[[], Awaitable[None]],
+        on_done: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._job_id = job_id
+        self._results = results
+        self._journal = journal
+        self._status = status
+        self._sizer = sizer
+        """Sizes task frames by the tasks' handler time (None: frames off for this job)."""
+        self._on_taken = on_taken
+        self._poll = poll
+        self._on_done = on_done
+        self._taken: list[Delivery[ResultMessage]] = []
+        """Results whose outcomes were taken (or dropped as duplicates), not acked yet."""
+        self._unframe = unframing(results)
+        """The result listener's unframe layer: says when members of a frame are at hand."""
+
+    async def outcomes(self) -> AsyncGenerator[Outcome, None]:
+        """One outcome per task, in arrival order, until the job is done; see :meth:`Job.results`."""
+        journal, status = self._journal, self._status
+        try:
+            last_poll = time.monotonic()
+            while not (status.closed and not len(journal)) and not status.cancelled:
+                try:
+                    delivery = await self._next_result()
+                except PipeClosed:
+                    if status.cancelled:  # cancel() closed the pipe under us: cancelled outcomes follow
+                        break
+                    raise
+                if delivery is None:
+                    if time.monotonic() - last_poll > STATE_POLL_SECONDS:
+                        last_poll = time.monotonic()
+                        await self._poll()
+                    continue
+                message = delivery.message
+                if message.task_id not in journal:
+                    log.info(
+                        "client.result.duplicate", extra={"job_id": self._job_id, "task_id": message.task_id}
+                    )
+                    self._taken.append(delivery)
+                    continue
+                if self._sizer is not None and not message.gave_up:
+                    self._sizer.observe(message.seconds)
+                taken = False
+                try:
+                    yield Outcome.from_message(message)
+                    taken = True
+                finally:
+                    if taken:
+                        await self._take(delivery)
+                    else:  # the consumer raised or closed us at this outcome: it comes again
+                        log.info(
+                            "client.result.put_back",
+                            extra={"job_id": self._job_id, "task_id": message.task_id},
+                        )
+                        with contextlib.suppress(PipeError):
+                            await delivery.reject(requeue=True)
+        finally:
+            await self.ack_taken()
+        if status.cancelled:
+            for task_id in journal.outstanding():
+                journal.settle(task_id)
+                yield Outcome.cancelled_task(task_id)
+            return
+        await self._on_done()
+
+    async def _next_result(self) -> Delivery[ResultMessage] | None:
+        """The next result, waiting up to :data:`GET_TIMEOUT`. The results taken are acked first
+        unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
+        if self._taken and not (self._unframe is not None and self._unframe.held):
+            await self.ack_taken()
+        return await self._results.get(GET_TIMEOUT)
+
+    async def _take(self, delivery: Delivery[ResultMessage]) -> None:
+        """The application took this outcome: the journal forgets its task; its result is
+        acked with the next batch (:meth:`ack_taken`)."""
+        self._journal.settle(delivery.message.task_id)
+        self._on_taken()
+        self._taken.append(delivery)
+        if len(self._taken) >= ACK_BATCH:
+            await self.ack_taken()
+
+    async def ack_taken(self) -> None:
+        """Writes the journal's forget marks of the outcomes taken, then acks their results. A
+        crash in between brings those results back as duplicates, which are dropped."""
+        if not self._taken:
+            return
+        self._journal.flush()
+        taken, self._taken = self._taken, []
+        for delivery in taken:
+            await _ack(delivery)
+
+    async def close(self) -> None:
+        """Stops consuming (the result pipe closes; deliveries not acked come again)."""
+        await self._results.close()
+
+
+async def _ack(delivery: Delivery[ResultMessage]) -> None:
+    # The result's channel may be gone: the broker then delivers it again, and it is dropped
+    # as a duplicate (its task is no longer in the journal).
+    with contextlib.suppress(PipeError):
+        await delivery.ack()

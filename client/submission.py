@@ -1,0 +1,211 @@
+"""A job's submission: every task goes into the journal, out through the task pipe, and is
+watched until a broker confirms it.
+
+A task is recorded in the journal (:mod:`truba.client.journal`) before it is sent, so nothing a
+caller was told is submitted can be lost. A confirm marks it confirmed in the journal; a failed
+confirm (a nack, a broker gone) puts it aside, and :meth:`Submission.confirm_all` (at close)
+sends those again, for at most :data:`RESEND_ROUNDS` rounds. A resumed job sends at once what no
+broker confirmed before the crash. A broker found to have lost its data (:class:`LossWatch`: the
+job's marker queue is gone) may have held any task still without an outcome, its task or its
+result: every one is sent again; the result stream drops the duplicate outcomes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from typing import Final, final
+
+from truba.client.encoded import EncodedTask, EncodedTaskCodec
+from truba.client.journal import TaskJournal
+from truba.client.lifecycle import JobStatus
+from truba.client.watch import LossWatch
+from truba.errors import TrubaError
+from truba.pipes.base import Confirmation, Sender
+from truba.pipes.broker import Broker
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
+from truba.queues import MAX_PRIORITY
+from truba.wire import TaskMessage
+
+log = logging.getLogger(__name__)
+
+RESEND_ROUNDS: Final = 5
+"""Rounds of sending again what brokers nacked or lost, at close, before giving up."""
+RESEND_CHUNK: Final = 1000
+"""Tasks read back from the journal at a time when sending many again."""
+
+
+class SubmitTimeout(TrubaError, TimeoutError):
+    """``submit(timeout=...)`` ran out before a broker took the task; it was not submitted."""
+
+
+@final
+class Submission:
+    """Submits a job's tasks and sees each one confirmed (or sent again); see the module.
+
+    ``on_change`` is called whenever the journal's count of tasks changed here (progress).
+    """
+
+    def __init__(
+        self,
+        job_id: str,
+        tasks: Sender[EncodedTask],
+        journal: TaskJournal,
+        status: JobStatus,
+        *,
+        links: Sequence[Broker],
+        marker: str,
+        resumed: bool,
+        priorities: bool,
+        max_payload: int,
+        on_change: Callable[[], None],
+    ) -> None:
+        self._job_id = job_id
+        self._tasks = tasks
+        self._journal = journal
+        self._status = status
+        self._priorities = priorities
+        self._max_payload = max_payload
+        self._on_change = on_change
+        self._prefix = secrets.token_hex(3)
+        self._next = 0
+        self._confirmations: dict[str, Confirmation] = {}
+        """Confirms awaited, by task."""
+        self._failed: set[str] = set()
+        """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
+        self.watch = LossWatch(links, marker, self._broker_lost, job_id=job_id, known=resumed)
+
+    async def start(self) -> None:
+        """Starts watching for lost brokers, and sends what no broker confirmed (a resumed job)."""
+        await self.watch.start()
+        if len(self._journal):
+            self._on_change()  # a resumed job: the scheduler hears from its client again
+        unconfirmed = self._journal.unconfirmed()
+        if unconfirmed:
+            log.info(
+                "client.job.resend_unconfirmed", extra={"job_id": self._job_id, "count": len(unconfirmed)}
+            )
+            await self._send_again(unconfirmed)
+
+    async def submit(
+        self, payload: object, *, priority: int | None = None, timeout: float | None = None
+    ) -> str:
+        """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`."""
+        if self._status.closed:
+            raise PipeClosed(f"job {self._job_id} is closed: no more tasks")
+        if priority is not None:
+            if not self._priorities:
+                raise ValueError(f"priority: job {self._job_id} was created without priorities=True")
+            if not 0 <= priority <= MAX_PRIORITY:
+                raise ValueError(f"priority: must be 0..{MAX_PRIORITY}, got {priority}")
+        task_id = f"{self._prefix}-{self._next}"
+        task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0))
+        if len(task.data) > self._max_payload:
+            raise MessageTooLarge(
+                f"task {task_id}: {len(task.data)} bytes encoded, over max_payload={self._max_payload}: "
+                "pass large data by reference (a path or a URL); nothing was sent"
+            )
+        self._next += 1
+        await self._journal.record(task_id, task.data)
+        try:
+            if timeout is None:  # the common case: no timer to arm
+                confirmation = await self._tasks.send(task)
+            else:
+                async with asyncio.timeout(timeout):
+                    confirmation = await self._tasks.send(task)
+        except TimeoutError:
+            self._journal.withdraw(task_id)
+            raise SubmitTimeout(
+                f"task {task_id}: no broker took it within {timeout} s; it was not submitted"
+            ) from None
+        except (PipeError, CodecError):
+            self._journal.withdraw(task_id)
+            raise
+        self._watch_confirm(task_id, confirmation)
+        self._on_change()
+        log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
+        return task_id
+
+    def _watch_confirm(self, task_id: str, confirmation: Confirmation) -> None:
+        self._confirmations[task_id] = confirmation
+        confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
+
+    def _on_confirm(self, task_id: str, confirmation: Confirmation) -> None:
+        if self._confirmations.get(task_id) is confirmation:
+            del self._confirmations[task_id]
+        if not confirmation.cancelled() and confirmation.exception() is None:
+            self._failed.discard(task_id)
+            self._journal.confirmed(task_id)
+        else:
+            log.warning(
+                "client.task.unconfirmed",
+                extra={"job_id": self._job_id, "task_id": task_id, "error": repr(_error_of(confirmation))},
+            )
+            self._failed.add(task_id)
+
+    async def _send_again(self, task_ids: list[str]) -> None:
+        """Sends tasks of the journal again (read back from disk), in chunks."""
+        for start in range(0, len(task_ids), RESEND_CHUNK):
+            chunk = task_ids[start : start + RESEND_CHUNK]
+            loaded = self._journal.load(chunk)
+            codec = EncodedTaskCodec()
+            for task_id in chunk:
+                data = loaded.get(task_id)
+                if data is None:  # its outcome came meanwhile
+                    continue
+                self._failed.discard(task_id)
+                self._watch_confirm(task_id, await self._tasks.send(codec.decode(data)))
+
+    async def _broker_lost(self, broker: Broker) -> None:
+        """A broker lost its data: every task without an outcome may have been there (its task
+        or its result), so every one is sent again; duplicate outcomes are dropped."""
+        outstanding = self._journal.outstanding()
+        log.warning(
+            "client.job.resubmit",
+            extra={"job_id": self._job_id, "broker": broker.name, "count": len(outstanding)},
+        )
+        self._journal.unmark(outstanding)
+        await self._send_again(outstanding)
+
+    async def settle_confirms(self) -> None:
+        """Waits until every confirm now awaited has come (or failed: then put aside)."""
+        while self._confirmations:
+            waiting = list(self._confirmations.values())
+            await asyncio.gather(*waiting, return_exceptions=True)
+            for task_id, confirmation in list(self._confirmations.items()):
+                if confirmation.done():
+                    del self._confirmations[task_id]
+
+    async def confirm_all(self) -> None:
+        """Waits for every confirm, sending again (bounded) what a broker nacked or lost.
+
+        Raises:
+            TrubaError: tasks still unconfirmed after :data:`RESEND_ROUNDS` rounds.
+        """
+        for round_ in range(RESEND_ROUNDS + 1):
+            await self.settle_confirms()
+            if not self._failed:
+                return
+            if round_ == RESEND_ROUNDS:
+                break
+            failed = [task_id for task_id in self._journal.unconfirmed() if task_id in self._failed]
+            self._tasks.drop_unconfirmed()
+            log.warning(
+                "client.task.resend", extra={"job_id": self._job_id, "count": len(failed), "round": round_}
+            )
+            await self._send_again(failed)
+        unconfirmed = len(self._failed)
+        raise TrubaError(f"job {self._job_id}: {unconfirmed} tasks could not be confirmed by any broker")
+
+    async def close(self) -> None:
+        """Closes the task pipe (a broken one too); idempotent. Stop :attr:`watch` first."""
+        with contextlib.suppress(PipeError):
+            await self._tasks.close()
+
+
+def _error_of(confirmation: Confirmation) -> BaseException:
+    return asyncio.CancelledError() if confirmation.cancelled() else confirmation.exception() or Exception()

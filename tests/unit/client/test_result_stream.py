@@ -1,0 +1,105 @@
+"""ResultStream: forget marks written before acks; acks batched while members of a frame are at
+hand (at most ACK_BATCH), at once otherwise; the job finished once every outcome is taken."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from truba.client.journal import MemoryJournal
+from truba.client.lifecycle import JobStatus
+from truba.client.result_stream import ACK_BATCH, ResultStream
+from truba.pipes.frame import FrameListener, pack
+from truba.pipes.serialize import DeserializeListener
+from truba.pipes.testing import FakeListener
+from truba.wire import ResultCodec, ResultMessage
+
+
+class SpyJournal:
+    """A memory journal that notes, at every flush, how many tasks it forgot and how many result
+    messages were acked by then."""
+
+    def __init__(self, acked: list[bytes]) -> None:
+        self.inner = MemoryJournal()
+        self.acked = acked
+        self.flushes: list[tuple[int, int]] = []
+        self.forgotten = 0
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self.inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def outstanding(self) -> list[str]:
+        return self.inner.outstanding()
+
+    def settle(self, task_id: str) -> bool:
+        self.forgotten += 1
+        return self.inner.settle(task_id)
+
+    def flush(self) -> None:
+        self.flushes.append((self.forgotten, len(self.acked)))
+
+
+async def rig(ids: Iterable[str]) -> tuple[FakeListener[bytes], SpyJournal, ResultStream, list[str]]:
+    fake: FakeListener[bytes] = FakeListener()
+    journal = SpyJournal(fake.acked)
+    for task_id in ids:
+        await journal.inner.record(task_id, b"")
+    ended: list[str] = []
+
+    async def done() -> None:
+        ended.append("finished")
+
+    async def poll() -> None:
+        pass
+
+    results = DeserializeListener(FrameListener(fake), ResultCodec())
+    stream = ResultStream(
+        "j1",
+        results,
+        journal,  # type: ignore[arg-type]
+        JobStatus(closed=True),
+        sizer=None,
+        on_taken=lambda: None,
+        poll=poll,
+        on_done=done,
+    )
+    return fake, journal, stream, ended
+
+
+def result(task_id: str) -> bytes:
+    return ResultCodec().encode(ResultMessage(task_id, True, task_id, None, "d1", 0.0))
+
+
+async def test_the_members_of_a_frame_are_acked_in_batches_after_their_forget_marks() -> None:
+    ids = [f"t{n}" for n in range(100)]
+    fake, journal, stream, ended = await rig(ids)
+    fake.push(pack([result(task_id) for task_id in ids]))
+    outcomes = [outcome.task_id async for outcome in stream.outcomes()]
+    assert outcomes == ids and ended == ["finished"]
+    # One batch at ACK_BATCH taken, the rest when the stream ended; each batch's
+    # forget marks were written before any of its results was acked (the frame is acked last).
+    assert journal.flushes == [(ACK_BATCH, 0), (100, 0)]
+    assert len(fake.acked) == 1
+
+
+async def test_lone_results_are_acked_before_the_next_wait() -> None:
+    fake, journal, stream, _ = await rig(["a", "b"])
+    fake.push(result("a"))
+    fake.push(result("b"))
+    outcomes = stream.outcomes()
+    assert (await anext(outcomes)).task_id == "a"
+    assert fake.acked == []  # not taken yet: the consumer holds it
+    assert (await anext(outcomes)).task_id == "b"
+    assert fake.acked == [result("a")] and journal.flushes == [(1, 0)]
+    assert [outcome async for outcome in outcomes] == []
+    assert fake.acked == [result("a"), result("b")] and journal.flushes == [(1, 0), (2, 1)]
+
+
+async def test_a_result_whose_task_has_its_outcome_is_dropped_and_acked() -> None:
+    fake, journal, stream, ended = await rig(["a"])
+    fake.push(result("z"))  # its task was settled by an earlier run
+    fake.push(result("a"))
+    assert [outcome.task_id async for outcome in stream.outcomes()] == ["a"]
+    assert sorted(fake.acked) == sorted([result("z"), result("a")]) and ended == ["finished"]
