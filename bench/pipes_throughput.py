@@ -127,8 +127,8 @@ async def stack(urls: Sequence[str], queue: str, n: int, spool_dir: Path | None 
         spool_layer = spool(spool_dir, fsync="interval")
     sender = send_stack(
         BytesCodec(), links, queue, spool=spool_layer, options=SendOptions(max_unconfirmed=1000)
-    )
-    listener = listen_stack(BytesCodec(), links, queue, Window(1000))
+    ).sender
+    listener = listen_stack(BytesCodec(), links, queue, Window(1000)).listener
     received = 0
 
     async def consume() -> None:
@@ -156,7 +156,7 @@ async def stack(urls: Sequence[str], queue: str, n: int, spool_dir: Path | None 
 async def send_only(urls: Sequence[str], queue: str, n: int) -> float:
     """The balanced sender alone: publish with confirms until every confirm is in."""
     links = await connected_links(urls)
-    sender = send_stack(BytesCodec(), links, queue, options=SendOptions(max_unconfirmed=1000))
+    sender = send_stack(BytesCodec(), links, queue, options=SendOptions(max_unconfirmed=1000)).sender
     began = time.perf_counter()
     confirmations = [await sender.send(PAYLOAD) for _ in range(n)]
     await asyncio.gather(*confirmations)

@@ -210,7 +210,7 @@ class Client:
                 role="tasks",
                 options=options,
                 frames=frames,
-            )
+            ).sender
 
         # Every leaf shares one set of limits, which the job sizes (FrameSizer). Tasks of a job with
         # priorities go one per message: a frame of low ones would keep its place in the queue.

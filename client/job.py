@@ -38,9 +38,10 @@ from truba.client.outcome import Outcome
 from truba.client.progress import ProgressReporter
 from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
-from truba.pipes.base import Listener, Sender
+from truba.pipes.base import Sender
 from truba.pipes.broker import Broker
 from truba.pipes.errors import PipeError
+from truba.pipes.stacks import ListenStack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultMessage
 
@@ -58,7 +59,7 @@ class Job:
         jobs: jobs_pb2_grpc.JobServiceAsyncStub,
         info: jobs_pb2.Job,
         tasks: Sender[EncodedTask],
-        results: Listener[ResultMessage],
+        results: ListenStack[ResultMessage],
         journal: TaskJournal,
         *,
         links: Sequence[Broker],
@@ -88,9 +89,10 @@ class Job:
         )
         self._stream = ResultStream(
             info.id,
-            results,
+            results.listener,
             journal,
             self._status,
+            frames=results.frames,
             sizer=sizer,
             on_taken=self._progress.poke,
             poll=self._check_state,

@@ -27,7 +27,7 @@ from truba.client.lifecycle import JobStatus
 from truba.client.outcome import Outcome
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.frame import unframing
+from truba.pipes.frame_listener import FrameListener
 from truba.wire import ResultMessage
 
 log = logging.getLogger(__name__)
@@ -55,6 +55,7 @@ class ResultStream:
         journal: TaskJournal,
         status: JobStatus,
         *,
+        frames: FrameListener | None,
         sizer: FrameSizer | None,
         on_taken: Callable[[], None],
         poll: Callable[[], Awaitable[None]],
@@ -71,8 +72,9 @@ class ResultStream:
         self._on_done = on_done
         self._taken: list[Delivery[ResultMessage]] = []
         """Results whose outcomes were taken (or dropped as duplicates), not acked yet."""
-        self._unframe = unframing(results)
-        """The result listener's unframe layer: says when members of a frame are at hand."""
+        self._unframe = frames
+        """The result listener's unframe layer (its stack's handle): says when members of a frame
+        are at hand (None: acks are never held back for them)."""
 
     async def outcomes(self) -> AsyncGenerator[Outcome, None]:
         """One outcome per task, in arrival order, until the job is done; see :meth:`Job.results`."""

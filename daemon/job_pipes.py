@@ -58,7 +58,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
             role="tasks",
             dead_letter_queue=job.dead_queue,
             done=done,
-        ),
+        ).listener,
         results=send_stack(
             ResultCodec(),
             brokers,
@@ -66,9 +66,9 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
             role="results",
             options=SendOptions(copy_to=job.record),
             frames=result_frames,
-        ),
+        ).sender,
         requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),
-        dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead"),
+        dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,
         result_frames=result_frames,
     )
 
@@ -79,7 +79,9 @@ def _requeue_stack(brokers: Sequence[Broker], job: Wanted, priority: int) -> Sen
     options = SendOptions(priority=priority if job.settings.priorities else None)
     # A preempted runner hands back many at once; not with priorities (see the client's tasks).
     frames = FrameLimits() if job.settings.frames and not job.settings.priorities else None
-    return send_stack(TaskCodec(), brokers, job.tasks_queue, role="requeue", options=options, frames=frames)
+    return send_stack(
+        TaskCodec(), brokers, job.tasks_queue, role="requeue", options=options, frames=frames
+    ).sender
 
 
 def _task_id_of_result(data: bytes) -> str | None:

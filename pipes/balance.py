@@ -13,10 +13,10 @@ When a sender breaks (its ``send`` raises, or a confirmation fails, with a retry
 taken out of rotation for a cooldown that grows with repeated failures, and its unconfirmed
 messages are moved: sent again through the other senders, then dropped from the broken one. The
 caller's confirmation follows its message wherever it goes. Duplicates can arise only for
-messages that were never confirmed. A sender may say it is not ready (``ready`` False, as
-:class:`~truba.pipes.reopen.ReopenSender` does while reconnecting) and is then skipped; one
-that offers ``on_break(callback)`` reports its breaks at once, so its messages move without
-waiting for its reconnect.
+messages that were never confirmed. Given each sender's :class:`~truba.pipes.base.LinkHealth`
+(``health``: its broker leaf, a :class:`~truba.pipes.reopen.ReopenSender`, handed over by the
+stack builder), a sender whose leaf is not ready (reconnecting) is skipped, and a leaf's break
+is heard at once, so its messages move without waiting for the next send or its reconnect.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar, final
 
 from truba.pipes.backpressure import Room, Window
-from truba.pipes.base import Confirmation, Sender, close_all, fail_confirmation
+from truba.pipes.base import Confirmation, LinkHealth, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
@@ -74,6 +74,7 @@ class BalanceSender(Generic[T]):
         senders: Sequence[Sender[T]],
         max_load: int = 1000,
         *,
+        health: Sequence[LinkHealth] | None = None,
         cooldown: float = 0.5,
         max_cooldown: float = 10.0,
         rng: random.Random | None = None,
@@ -105,10 +106,11 @@ class BalanceSender(Generic[T]):
         self._moves: set[asyncio.Task[None]] = set()
         self._closed = False
         self.moved = 0
-        for index, sender in enumerate(self.inners):
-            on_break = getattr(sender, "on_break", None)
-            if on_break is not None:  # learn of a break at once, not at the next send
-                on_break(functools.partial(self._broke, index))
+        if health is not None and len(health) != len(senders):
+            raise ValueError(f"balance: {len(health)} health reports for {len(senders)} senders")
+        self._health = list(health) if health is not None else None
+        for index, link in enumerate(self._health or ()):
+            link.on_break(functools.partial(self._broke, index))  # at once, not at the next send
 
     def _wake(self) -> None:
         self._recheck = None
@@ -124,8 +126,10 @@ class BalanceSender(Generic[T]):
 
     def _usable(self, now: float) -> list[int]:
         """Senders that are up (not cooling down after a break, and ready)."""
-        down = self._down_until
-        return [i for i, inner in enumerate(self.inners) if down[i] <= now and getattr(inner, "ready", True)]
+        down, health = self._down_until, self._health
+        if health is None:
+            return [i for i in range(len(down)) if down[i] <= now]
+        return [i for i in range(len(down)) if down[i] <= now and health[i].ready]
 
     async def send(self, message: T) -> Confirmation:
         if self._closed:

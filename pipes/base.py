@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
+
+if TYPE_CHECKING:
+    from truba.pipes.errors import PipeError
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -119,6 +122,23 @@ class Listener(Protocol[T_co]):
 
     async def close(self) -> None:
         """Stops consuming; unsettled deliveries go back to the broker; idempotent."""
+        ...
+
+
+class LinkHealth(Protocol):
+    """How a broker's leaf is doing, for the combinator above it (and the stack's owner).
+
+    :class:`~truba.pipes.reopen.ReopenSender` reports it. The stack builders hand it to
+    ``balance`` explicitly, so no layer in between has to forward it.
+    """
+
+    @property
+    def ready(self) -> bool:
+        """False while the leaf is broken or reconnecting: send elsewhere meanwhile."""
+        ...
+
+    def on_break(self, callback: Callable[[PipeError], None]) -> None:
+        """Calls ``callback(error)`` each time the leaf breaks, at once (not at the next send)."""
         ...
 
 

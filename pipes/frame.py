@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import final
 
@@ -124,17 +124,6 @@ class FrameSender:
         elif self._timer is None:
             self._timer = loop.call_later(limits.max_delay, self._flush_soon)
         return outer
-
-    @property
-    def ready(self) -> bool:
-        """The inner sender's readiness (``balance`` skips a leaf that is reconnecting)."""
-        return bool(getattr(self.inner, "ready", True))
-
-    def on_break(self, callback: Callable[[PipeError], None]) -> None:
-        """Passes ``balance``'s break callback to the inner sender, if it reports breaks."""
-        register = getattr(self.inner, "on_break", None)
-        if register is not None:
-            register(callback)
 
     def unconfirmed(self) -> Sequence[bytes]:
         held = [m for messages, _ in self._failed for m in messages]

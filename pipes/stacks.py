@@ -1,6 +1,6 @@
 """The named stacks of truba, built from layers over RabbitMQ brokers.
 
-Sending (daemon results; client tasks with a spool)::
+Sending (the client's tasks; the daemon's results, requeues and dead letters)::
 
     serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]
 
@@ -11,7 +11,11 @@ Listening (daemon tasks; client results)::
 ``frame`` (:mod:`truba.pipes.frame`) packs small messages into one AMQP message under load;
 ``unframe`` is always there, since a queue holds frames whenever any of its producers frames.
 
-Differences from the talk's stacks, on purpose: ``reopen`` sits under ``balance``/``merge``, one
+The builders return a handle (:class:`SendStack`, :class:`ListenStack`): the pipe, and the controls
+its owner steers it by (frame holds, the unframe layer's members at hand, the prefetch window,
+each broker leaf's readiness and break notices), wired explicitly, never looked up in the stack.
+
+Choices on purpose: ``reopen`` sits under ``balance``/``merge``, one
 per broker, so a broken broker is reopened alone while the others carry on, and ``balance``
 moves a broken broker's unconfirmed messages to the others at once instead of waiting for its
 reopen. ``prefetch`` is a :class:`~truba.pipes.prefetch.Window` applied by every rabbit leaf.
@@ -22,11 +26,11 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
-from truba.pipes.base import Codec, Layer, Listener, Sender
+from truba.pipes.base import Codec, Layer, LinkHealth, Listener, Sender
 from truba.pipes.broker import Broker, PrefetchListener, QueueSpec
 from truba.pipes.frame import FrameSender
 from truba.pipes.frame_limits import FrameLimits
@@ -65,6 +69,31 @@ class SendOptions:
     results go to the job's record too: see truba.pipes.record)."""
 
 
+@dataclass(frozen=True)
+class SendStack(Generic[T]):
+    """A built sending stack and the controls its owner steers it by."""
+
+    sender: Sender[T]
+    frames: FrameLimits | None
+    """The limits its frame layers share: :meth:`~FrameLimits.hold` keeps messages from going
+    out alone while more follow at once, :meth:`~FrameLimits.release` lets them. None: no frames."""
+    links: tuple[LinkHealth, ...]
+    """Each broker's leaf, in the brokers' order: ``ready`` and ``on_break`` (``balance`` hears
+    them through the same objects)."""
+
+
+@dataclass(frozen=True)
+class ListenStack(Generic[T]):
+    """A built listening stack and the controls its owner steers it by."""
+
+    listener: Listener[T]
+    window: Window
+    """The prefetch window over every broker's leaf (resize it as slots come and go)."""
+    frames: FrameListener
+    """The unframe layer: ``held`` says how many members of frames are at hand, so an owner can
+    take more at once (or not ack yet) while they are."""
+
+
 def _sender_connector(
     broker: Broker, queue: str | QueueSpec, options: SendOptions
 ) -> Callable[[], Awaitable[Sender[bytes]]]:
@@ -100,32 +129,36 @@ def send_stack(
     spool: Layer[bytes, bytes] | None = None,
     options: SendOptions | None = None,
     frames: FrameLimits | None = None,
-) -> Sender[T]:
+) -> SendStack[T]:
     """``serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]`` to ``queue``.
 
-    The daemon's result sender is this stack without a spool; the client's task sender has one.
-    Given a :class:`QueueSpec`, every (re)connect declares the queue first. With ``frames``,
-    each broker's leaf packs messages into frames under load, within those (shared) limits.
+    No stack of truba's apps has a spool today (the client's journal keeps its tasks); the layer
+    is there for senders that need one. Given a :class:`QueueSpec`, every (re)connect declares the
+    queue first. With ``frames``, each broker's leaf packs messages into frames under load, within
+    those (shared) limits.
     """
     opts = options or SendOptions()
     name = _name(queue)
+    links: list[ReopenSender[bytes]] = []
     leaves: list[Sender[bytes]] = []
     for broker in brokers:
-        leaf: Sender[bytes] = ReopenSender(
+        link: ReopenSender[bytes] = ReopenSender(
             _sender_connector(broker, queue, opts),
             label=f"{name}@{broker.name}",
             connect_timeout=opts.connect_timeout,
         )
-        framed = leaf if frames is None else FrameSender(leaf, frames, max_unconfirmed=opts.max_unconfirmed)
-        leaves.append(framed)
+        links.append(link)
+        leaves.append(
+            link if frames is None else FrameSender(link, frames, max_unconfirmed=opts.max_unconfirmed)
+        )
     start: Pipeline[T, T] = Pipeline(lambda sender: sender)
     encoded = start.layer(serialize(codec, opts.max_message_size))
     spooled = encoded.layer(spool) if spool is not None else encoded
     retried: Pipeline[T, bytes] = spooled.layer(retry(opts.retry))
     logged: Pipeline[T, bytes] = retried.layer(log_errors(role))
     # Over one broker there is nothing to balance: the leaf's own window caps its load.
-    base = leaves[0] if len(leaves) == 1 else BalanceSender(leaves, max_load=opts.max_unconfirmed)
-    return logged.build(base)
+    base = leaves[0] if len(leaves) == 1 else BalanceSender(leaves, opts.max_unconfirmed, health=links)
+    return SendStack(logged.build(base), frames, tuple(links))
 
 
 def listen_stack(
@@ -138,7 +171,7 @@ def listen_stack(
     connect_timeout: float = 10.0,
     dead_letter_queue: str | QueueSpec | None = None,
     done: DoneCheck | None = None,
-) -> Listener[T]:
+) -> ListenStack[T]:
     """``deserialize → unframe → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
     The daemon's task listener and the client's result listener are this stack. With
@@ -162,10 +195,17 @@ def listen_stack(
         dead_letters = _bytes_sender(brokers, dead_letter_queue, SendOptions(), connect_timeout)
     start: ListenerPipeline[T, T] = ListenerPipeline(lambda listener: listener)
     decoded = start.layer(deserialize(codec, dead_letters))
-    unframed: ListenerPipeline[T, bytes] = decoded.layer(lambda inner: FrameListener(inner, done=done))
+    unframe: list[FrameListener] = []
+
+    def unframing(inner: Listener[bytes]) -> Listener[bytes]:
+        unframe.append(FrameListener(inner, done=done))
+        return unframe[0]
+
+    unframed: ListenerPipeline[T, bytes] = decoded.layer(unframing)
     retried: ListenerPipeline[T, bytes] = unframed.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
-    return logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))
+    listener = logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))
+    return ListenStack(listener, window, unframe[0])
 
 
 def _name(queue: str | QueueSpec) -> str:
@@ -175,7 +215,7 @@ def _name(queue: str | QueueSpec) -> str:
 def _bytes_sender(
     brokers: Sequence[Broker], queue: str | QueueSpec, options: SendOptions, connect_timeout: float
 ) -> Sender[bytes]:
-    leaves: list[Sender[bytes]] = [
+    leaves: list[ReopenSender[bytes]] = [
         ReopenSender(
             _sender_connector(broker, queue, options),
             label=f"{_name(queue)}@{broker.name}",
@@ -183,4 +223,6 @@ def _bytes_sender(
         )
         for broker in brokers
     ]
-    return leaves[0] if len(leaves) == 1 else BalanceSender(leaves, max_load=options.max_unconfirmed)
+    if len(leaves) == 1:
+        return leaves[0]
+    return BalanceSender(list[Sender[bytes]](leaves), options.max_unconfirmed, health=leaves)

@@ -145,7 +145,7 @@ async def test_a_frame_a_killed_daemon_had_half_done_runs_only_its_other_half(
         tasks = [TaskMessage(f"t{i}", [str(tmp_path / f"t{i}.runs"), 0.05]) for i in range(4)]
         tasks.append(TaskMessage("t4", [str(tmp_path / "t4.runs"), 30.0]))
         # All to one broker (balance would split them over both, and the frames with them).
-        sender = send_stack(TaskCodec(), job.links[:1], job.tasks, frames=FrameLimits(max_messages=4))
+        sender = send_stack(TaskCodec(), job.links[:1], job.tasks, frames=FrameLimits(max_messages=4)).sender
         await asyncio.gather(*[await sender.send(task) for task in tasks])
         await sender.close()
         scheduler.assign("d-doomed", job_slots(job, "tests.handlers.faults:count_runs", 1))

@@ -260,7 +260,9 @@ class JobQueues:
         self.received: dict[str, list[ResultMessage]] = defaultdict(list)
         # Tasks submitted together go in frames (as a client's would): the daemon's tests run them.
         limits = None if frame is None else FrameLimits(max_messages=frame)
-        self._sender = send_stack(TaskCodec(), self.links, self.tasks, role="test-tasks", frames=limits)
+        self._sender = send_stack(
+            TaskCodec(), self.links, self.tasks, role="test-tasks", frames=limits
+        ).sender
         self._listener = None
 
     def specs(self) -> list[QueueSpec]:
@@ -318,7 +320,9 @@ class JobQueues:
         only caps the wait): a slow machine is no failure, a stuck task is.
         """
         if self._listener is None:
-            self._listener = listen_stack(ResultCodec(), self.links, self.results, Window(200), role="test")
+            self._listener = listen_stack(
+                ResultCodec(), self.links, self.results, Window(200), role="test"
+            ).listener
         began = time.monotonic()
         deadline = began + timeout
         missing = set(task_ids) - set(self.received)

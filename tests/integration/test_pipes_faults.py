@@ -51,7 +51,7 @@ async def _drain(
     links: list[RabbitBroker], queue: str, expect: int, timeout: float = 60.0
 ) -> collections.Counter[int]:
     """Consumes ``queue`` on every broker until ``expect`` distinct messages or ``timeout``."""
-    listener = listen_stack(IntCodec(), links, queue, Window(500))
+    listener = listen_stack(IntCodec(), links, queue, Window(500)).listener
     seen: collections.Counter[int] = collections.Counter()
     deadline = time.monotonic() + timeout
     idle_since = time.monotonic()
@@ -106,7 +106,9 @@ async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
     # problem this test is not about. Quorum queues are the default elsewhere.
     await _declare([a.url, b.url], queue, kind="classic")
     links = links_factory([a.url, b.url])
-    sender = send_stack(IntCodec(), links, queue, options=SendOptions(confirm_timeout=5, max_unconfirmed=200))
+    sender = send_stack(
+        IntCodec(), links, queue, options=SendOptions(confirm_timeout=5, max_unconfirmed=200)
+    ).sender
     held_at_kill: list[int] = []
     restarts: list[asyncio.Future[None]] = []
 
@@ -174,7 +176,7 @@ async def test_a_stalled_link_is_detected_and_its_messages_go_out_through_the_ot
     links = links_factory([via_proxy, b.url])  # heartbeat 2 s
     sender = send_stack(
         IntCodec(), links, queue, options=SendOptions(confirm_timeout=30, max_unconfirmed=100)
-    )
+    ).sender
     first = await _send_all(sender, range(200))
     await asyncio.wait_for(asyncio.gather(*first), 30)
     proxy.stall()  # type: ignore[attr-defined]
@@ -198,7 +200,9 @@ async def test_a_memory_alarm_bounds_sends_moves_traffic_and_traffic_resumes_aft
     queue = "truba.test.alarm"
     await _declare([a.url, b.url], queue)
     links = links_factory([a.url, b.url])
-    sender = send_stack(IntCodec(), links, queue, options=SendOptions(confirm_timeout=2, max_unconfirmed=100))
+    sender = send_stack(
+        IntCodec(), links, queue, options=SendOptions(confirm_timeout=2, max_unconfirmed=100)
+    ).sender
     warmup = await _send_all(sender, range(100))
     await asyncio.wait_for(asyncio.gather(*warmup), 30)
     await asyncio.to_thread(a.set_memory_alarm, True)
@@ -235,7 +239,7 @@ async def test_a_message_to_a_deleted_queue_comes_back_returned_and_stays_held(
     urls = [node.url for node in rabbit_nodes]
     await _declare(urls, queue)
     links = links_factory(urls)
-    sender = send_stack(IntCodec(), links, queue)
+    sender = send_stack(IntCodec(), links, queue).sender
     ok = await sender.send(1)
     await asyncio.wait_for(ok, 10)
     for url in urls:
@@ -258,7 +262,7 @@ async def test_a_stack_given_the_queue_spec_declares_it_again_when_a_broker_lost
     spec = QueueSpec(queue, "quorum")
     urls = [node.url for node in rabbit_nodes]
     links = links_factory(urls)
-    sender = send_stack(IntCodec(), links, spec)
+    sender = send_stack(IntCodec(), links, spec).sender
     for n in range(20):  # every leaf connects (and declares) on the way
         await asyncio.wait_for(await sender.send(n), 10)
     await _delete(urls, queue)
@@ -275,7 +279,7 @@ async def test_a_stack_given_the_queue_spec_declares_it_again_when_a_broker_lost
     await sender.close()
     # A listener given the spec creates a missing queue (on a broker that got nothing since)
     # instead of failing with NOT_FOUND, and every message sent is there.
-    listener = listen_stack(IntCodec(), links, spec, Window(50))
+    listener = listen_stack(IntCodec(), links, spec, Window(50)).listener
     seen = set()
     while len(seen) < 10:
         delivery = await listener.get(10)

@@ -59,7 +59,7 @@ async def test_every_confirmed_result_is_in_the_record_of_its_broker(
     results, record = _names(request)
     sender = send_stack(
         ResultCodec(), links, results, options=SendOptions(copy_to=record), frames=FrameLimits(max_messages=8)
-    )
+    ).sender
     try:
         confirmations = [
             await sender.send(ResultMessage(f"t{i}", True, i, None, "d", 0.0)) for i in range(100)
@@ -86,7 +86,7 @@ async def test_a_redelivered_frame_is_looked_up_from_its_sent_at_stamp(
     links: list[RabbitBroker], request: pytest.FixtureRequest
 ) -> None:
     results, record = _names(request)
-    sender = send_stack(ResultCodec(), links[:1], results, options=SendOptions(copy_to=record))
+    sender = send_stack(ResultCodec(), links[:1], results, options=SendOptions(copy_to=record)).sender
     try:
         await (await sender.send(ResultMessage("done", True, 1, None, "d", 0.0)))
         members = [TaskCodec().encode(TaskMessage(task_id, None)) for task_id in ("done", "todo")]

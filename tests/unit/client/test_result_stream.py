@@ -54,12 +54,14 @@ async def rig(ids: Iterable[str]) -> tuple[FakeListener[bytes], SpyJournal, Resu
     async def poll() -> None:
         pass
 
-    results = DeserializeListener(FrameListener(fake), ResultCodec())
+    unframe = FrameListener(fake)
+    results = DeserializeListener(unframe, ResultCodec())
     stream = ResultStream(
         "j1",
         results,
         journal,  # type: ignore[arg-type]
         JobStatus(closed=True),
+        frames=unframe,
         sizer=None,
         on_taken=lambda: None,
         poll=poll,

@@ -281,20 +281,6 @@ async def test_an_error_of_the_inner_listener_reaches_every_waiter() -> None:
             await waiter
 
 
-async def test_readiness_and_break_reports_pass_through_to_balance() -> None:
-    class Leaf(FakeSender[bytes]):
-        ready = False
-
-        def on_break(self, callback: object) -> None:
-            self.registered = callback
-
-    leaf = Leaf()
-    sender = FrameSender(leaf)
-    assert sender.ready is False
-    sender.on_break(print)
-    assert leaf.registered is print
-
-
 async def test_senders_wait_while_too_many_are_unconfirmed_and_a_cancelled_wait_takes_nothing() -> None:
     inner: FakeSender[bytes] = FakeSender()
     sender = FrameSender(inner, FrameLimits(max_delay=10.0), max_unconfirmed=3)
