@@ -37,8 +37,8 @@ from truba.client.options import JobOptions, settings_pb
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker, BrokerFactory
-from truba.pipes.commit import FsyncPolicy, check_policy
 from truba.pipes.frame import FrameLimits
+from truba.pipes.fsync import FsyncPolicy, check_policy
 from truba.pipes.prefetch import Window
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
@@ -77,7 +77,7 @@ class Client:
             journal: where each job's tasks wait on disk until their outcomes are taken, one
                 folder per job (default ``$XDG_STATE_HOME/truba/journal``); :meth:`resume`
                 picks a job up from there after a crash. ``False`` keeps tasks in memory only.
-            journal_fsync: when a submitted task is durable, see :mod:`truba.pipes.commit`
+            journal_fsync: when a submitted task is durable, see :mod:`truba.pipes.fsync`
                 (default ``"interval"``: within 10 ms, without waiting for it).
             token: the scheduler's bearer token (default: ``$TRUBA_TOKEN``).
             tls_ca: PEM file to verify the scheduler's TLS certificate with (default:

@@ -3,7 +3,7 @@
 A broker's confirm only means one broker has the task; the end-to-end guarantee needs the client
 to keep it until its outcome arrives (see DESIGN.md, "End to end"). The journal is built on the
 pipes' disk buffer (:class:`~truba.pipes.spool_log.SpoolLog` and its fsync policies,
-:mod:`truba.pipes.commit`) and holds, in one directory per job::
+:mod:`truba.pipes.fsync`) and holds, in one directory per job::
 
     tasks/          one record per task: its id and encoded message; forgotten when the
                     application has taken the task's outcome
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Final, final
 
-from truba.pipes.commit import Committer, FsyncPolicy, check_policy
+from truba.pipes.fsync import Committer, FsyncPolicy, check_policy
 from truba.pipes.spool_log import SpoolError, SpoolLog
 
 log = logging.getLogger(__name__)

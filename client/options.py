@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Final, Literal, TypedDict, Unpack
 
-from truba.pipes.commit import FsyncPolicy
+from truba.pipes.fsync import FsyncPolicy
 from truba.proto.v1 import common_pb2
 
 Preemption = Literal["graceful", "immediate"]

@@ -169,7 +169,7 @@ class Daemon:
                 queues.spec(queues.results),
                 queues.spec(queues.dead),
                 JobSettings.from_proto(job.settings),
-                queues.spec(queues.record),
+                queues.spec(queues.result_log),
             )
         log.info(
             "daemon.assigned",

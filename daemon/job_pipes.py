@@ -14,7 +14,7 @@ from truba.pipes.broker import Broker, QueueSpec
 from truba.pipes.errors import CodecError
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
-from truba.pipes.record import DoneRecord
+from truba.pipes.result_log import ResultLog
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
 from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
@@ -33,20 +33,20 @@ class Wanted:
     results_queue: str | QueueSpec
     dead_queue: str | QueueSpec
     settings: JobSettings = JobSettings()
-    record: QueueSpec | None = None
-    """The stream results are copied to, read for redelivered tasks (see truba.pipes.record)."""
+    result_log: QueueSpec | None = None
+    """The stream results are copied to, read for redelivered tasks (see truba.pipes.result_log)."""
 
 
 def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> JobPipes:
     """The job's pipes (see truba.pipes.stacks); they connect lazily.
 
-    Results are copied to the job's record, which a redelivered task (a frame a dead daemon
+    Results are copied to the job's result log, which a redelivered task (a frame a dead daemon
     had half done, or a task whose result was confirmed but not acked) is looked up in.
     """
     done = None
-    if job.record is not None:
-        done = DoneRecord(
-            brokers, job.record.name, result_key=_task_id_of_result, member_key=_task_id_of_task
+    if job.result_log is not None:
+        done = ResultLog(
+            brokers, job.result_log.name, result_key=_task_id_of_result, member_key=_task_id_of_task
         )
     result_frames = FrameLimits() if job.settings.frames else None
     return JobPipes(
@@ -64,7 +64,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
             brokers,
             job.results_queue,
             role="results",
-            options=SendOptions(copy_to=job.record),
+            options=SendOptions(copy_to=job.result_log),
             frames=result_frames,
         ).sender,
         requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),

@@ -24,7 +24,7 @@ T_co = TypeVar("T_co", covariant=True)
 
 SENT_AT: Final = "truba-sent-at"
 """Header every message a broker's sender publishes carries: its send time (whole seconds, the
-sending host's clock). The done-record (:mod:`truba.pipes.record`) reads results from there on."""
+sending host's clock). The done-record (:mod:`truba.pipes.result_log`) reads results from there on."""
 
 QUEUE_KINDS: Final = ("quorum", "classic", "stream")
 

@@ -6,7 +6,7 @@ published again alone through ``requeue`` (when given) before the frame is acked
 that were done do not run again. Without ``requeue`` (or for members rejected without requeue)
 the whole frame is rejected that way once all members are settled: done members may then run
 again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
-:class:`~truba.pipes.record.DoneRecord`), a frame that comes back redelivered is first looked up
+:class:`~truba.pipes.result_log.ResultLog`), a frame that comes back redelivered is first looked up
 in it: members that already have a confirmed result are acked instead of handed out, so a frame
 a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
 as any redelivered AMQP message would.)
@@ -94,7 +94,7 @@ class _Member:
 
 DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
 """Given a redelivered delivery and its members, the indexes of those with a confirmed result
-(see :class:`~truba.pipes.record.DoneRecord`)."""
+(see :class:`~truba.pipes.result_log.ResultLog`)."""
 
 
 @final

@@ -53,8 +53,8 @@ from collections.abc import Iterable, Sequence
 from typing import Final, final
 
 from truba.pipes.base import Confirmation, Layer, Sender, fail_confirmation
-from truba.pipes.commit import SYNC_INTERVAL, Committer, FsyncPolicy, check_policy
 from truba.pipes.errors import PipeClosed, PipeError, SpoolError, SpoolFull, SpoolLocked
+from truba.pipes.fsync import SYNC_INTERVAL, Committer, FsyncPolicy, check_policy
 from truba.pipes.spool_log import SpoolLog
 
 __all__ = ["SYNC_INTERVAL", "FsyncPolicy", "SpoolError", "SpoolFull", "SpoolLocked", "SpoolSender", "spool"]

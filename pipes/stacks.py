@@ -66,7 +66,7 @@ class SendOptions:
     retry: Backoff = field(default=UNTIL_SUCCESS)
     copy_to: str | QueueSpec | None = None
     """A second queue each broker also puts every message in, in the same confirm (the daemon's
-    results go to the job's record too: see truba.pipes.record)."""
+    results go to the job's record too: see truba.pipes.result_log)."""
 
 
 @dataclass(frozen=True)

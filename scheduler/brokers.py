@@ -106,14 +106,14 @@ class BrokerAdmin:
 
         async def declare_all(connection: AdminConnection) -> None:
             for spec in queues.specs():
-                if spec.name != queues.record:
+                if spec.name != queues.result_log:
                     await connection.declare(spec)
             try:
-                await connection.declare(queues.spec(queues.record))
+                await connection.declare(queues.spec(queues.result_log))
             except ChannelLost as exc:  # a broker without streams: the job runs without a record
                 log.warning(
                     "sched.queues.no_record",
-                    extra={"broker": self.info.name, "queue": queues.record, "error": str(exc)},
+                    extra={"broker": self.info.name, "queue": queues.result_log, "error": str(exc)},
                 )
 
         await self._run(f"declare {queues.tasks}", declare_all)

@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 PERSISTENT: Final = int(aio_pika.DeliveryMode.PERSISTENT)
 """Header of every message: when it was published (Unix time, whole seconds, the sender's clock).
-A consumer of a redelivered message reads a record from about then (see truba.pipes.record)."""
+A consumer of a redelivered message reads a record from about then (see truba.pipes.result_log)."""
 
 
 @final

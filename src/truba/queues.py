@@ -39,14 +39,14 @@ class JobQueues:
         return self.tasks.removesuffix(".tasks") + ".marker"
 
     @property
-    def record(self) -> str:
+    def result_log(self) -> str:
         """The stream every result is copied to, in the same confirm: which tasks have a
-        confirmed result, for a daemon that gets a half-done frame back (see truba.pipes.record)."""
+        confirmed result, for a daemon that gets a half-done frame back (see truba.pipes.result_log)."""
         return self.results.removesuffix(".results") + ".done"
 
     def all(self) -> tuple[str, str, str, str]:
         """The four names, dead-letter queue first (tasks and results dead-letter into it)."""
-        return (self.dead, self.tasks, self.results, self.record)
+        return (self.dead, self.tasks, self.results, self.result_log)
 
     def specs(self) -> tuple[QueueSpec, QueueSpec, QueueSpec, QueueSpec]:
         """How to declare them, in :meth:`all` order."""
@@ -59,7 +59,7 @@ class JobQueues:
                 max_priority=MAX_PRIORITY if self.priorities else None,
             ),
             QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
-            QueueSpec(self.record, kind="stream"),
+            QueueSpec(self.result_log, kind="stream"),
         )
 
     def spec(self, name: str) -> QueueSpec:

@@ -254,7 +254,7 @@ class JobQueues:
         self.kind = kind
         prefix = f"truba.job.{job_id}"
         self.tasks, self.results, self.dead = f"{prefix}.tasks", f"{prefix}.results", f"{prefix}.dead"
-        self.record = f"{prefix}.done"  # the daemon's results are copied there (truba.pipes.record)
+        self.result_log = f"{prefix}.done"  # the daemon's results are copied there (truba.pipes.result_log)
         self.urls = list(broker_urls)
         self.links = [RabbitBroker(url, name=f"test-{job_id}", heartbeat=5.0) for url in self.urls]
         self.received: dict[str, list[ResultMessage]] = defaultdict(list)
@@ -270,7 +270,7 @@ class JobQueues:
             QueueSpec(self.dead, kind="classic"),
             QueueSpec(self.tasks, kind=self.kind, dead_letter_to=self.dead),
             QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
-            QueueSpec(self.record, kind="stream"),
+            QueueSpec(self.result_log, kind="stream"),
         ]
 
     async def declare(self) -> None:

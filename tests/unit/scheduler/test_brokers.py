@@ -18,8 +18,8 @@ QUEUES = job_queues("j1")
 async def test_declare_creates_the_three_queues_and_the_record_on_every_broker(cluster: FakeCluster) -> None:
     await cluster.brokers.declare(QUEUES)
     for fake in cluster.fakes:
-        assert set(fake.queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead, QUEUES.record}
-        assert fake.queues[QUEUES.record].kind == "stream"
+        assert set(fake.queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead, QUEUES.result_log}
+        assert fake.queues[QUEUES.result_log].kind == "stream"
         assert fake.queues[QUEUES.tasks].kind == "quorum"
         assert fake.queues[QUEUES.tasks].dead_letter_to == QUEUES.dead
         assert fake.queues[QUEUES.results].kind == "quorum"
@@ -35,7 +35,7 @@ async def test_a_broker_that_refuses_streams_gets_the_job_without_a_record(
     cluster.fakes[1].refuses = {"stream"}
     await cluster.brokers.declare(QUEUES)
     assert set(cluster.fakes[1].queues) == {QUEUES.tasks, QUEUES.results, QUEUES.dead}
-    assert QUEUES.record in cluster.fakes[0].queues
+    assert QUEUES.result_log in cluster.fakes[0].queues
     assert "sched.queues.no_record" in caplog.text
 
 

@@ -37,7 +37,7 @@ def test_queue_names_derive_from_the_job_id() -> None:
         "truba.job.abc123.dead",
     )
     assert queues.all()[0] == queues.dead
-    assert queues.record == "truba.job.abc123.done" and queues.record in queues.all()
+    assert queues.result_log == "truba.job.abc123.done" and queues.result_log in queues.all()
 
 
 def test_the_record_is_a_stream_with_bounded_retention_and_the_others_dead_letter() -> None:

@@ -13,7 +13,7 @@ import pytest
 from truba.pipes.broker import SENT_AT, QueueSpec
 from truba.pipes.frame import FrameLimits, pack
 from truba.pipes.rabbit import RabbitBroker, RabbitConnection
-from truba.pipes.record import DoneRecord
+from truba.pipes.result_log import ResultLog
 from truba.pipes.stacks import SendOptions, send_stack
 from truba.pipes.testing import FakeDelivery, FakeListener
 from truba.wire import ResultCodec, ResultMessage, TaskCodec, TaskMessage
@@ -36,8 +36,8 @@ def _names(request: pytest.FixtureRequest) -> tuple[QueueSpec, QueueSpec]:
     return QueueSpec(f"{prefix}.results"), QueueSpec(f"{prefix}.done", kind="stream")
 
 
-def _record(links: list[RabbitBroker], stream: str) -> DoneRecord:
-    return DoneRecord(
+def _record(links: list[RabbitBroker], stream: str) -> ResultLog:
+    return ResultLog(
         links,
         stream,
         result_key=lambda data: ResultCodec().decode(data).task_id,
@@ -125,7 +125,7 @@ async def test_a_missing_record_finds_nothing_and_says_so(
     links: list[RabbitBroker], request: pytest.FixtureRequest, caplog: pytest.LogCaptureFixture
 ) -> None:
     _, record = _names(request)
-    with caplog.at_level(logging.WARNING, logger="truba.pipes.record"):
+    with caplog.at_level(logging.WARNING, logger="truba.pipes.result_log"):
         assert await _record(links, record.name).done({"t1"}, None) == set()
-    unread = [r for r in caplog.records if r.getMessage() == "pipe.record.unread"]
+    unread = [r for r in caplog.records if r.getMessage() == "pipe.result_log.unread"]
     assert len(unread) == len(links), caplog.text

@@ -1,18 +1,18 @@
-"""The record of confirmed results: which messages of a redelivered delivery need no second run.
+"""The result log of confirmed results: which messages of a redelivered delivery need no second run.
 
 AMQP has no partial ack: a daemon that dies with part of a frame done leaves the whole frame to
 be redelivered. So the daemon's result sender copies every result message into a stream, the
-job's *record* (on the same broker, within the same confirm: see ``copy_to`` of
-a :class:`~truba.pipes.broker.Broker`'s sender): a result is confirmed exactly when its broker's record
-holds it. A consumer that gets a delivery back redelivered reads the record of every broker from
+job's *result log* (a stream) (on the same broker, within the same confirm: see ``copy_to`` of
+a :class:`~truba.pipes.broker.Broker`'s sender): a result is confirmed exactly when its broker's result
+log holds it. A consumer that gets a delivery back redelivered reads the result log of every broker from
 about when the delivery was first sent, and settles the members that already have a result
 instead of handing them out to run again (see :class:`~truba.pipes.frame.FrameListener`).
 
 Reading costs a scan of the results recorded since then, so it is done for redelivered frames
 only (a lone message runs again, as any redelivered AMQP message would), each broker's read
-bounded by ``timeout`` seconds. A broker whose record cannot be read counts as holding nothing:
+bounded by ``timeout`` seconds. A broker whose result log cannot be read counts as holding nothing:
 its members run again, and the client drops the duplicate outcome (at least once, as without a
-record). The record keeps an hour at most (RabbitMQ: :data:`~truba.pipes.rabbit.connection.STREAM_MAX_AGE`).
+log). The log keeps an hour at most (RabbitMQ: :data:`~truba.pipes.rabbit.connection.STREAM_MAX_AGE`).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ differ (an earlier start only reads more)."""
 
 
 @final
-class DoneRecord:
-    """Which members of a redelivered delivery have a confirmed result in the job's record.
+class ResultLog:
+    """Which members of a redelivered delivery have a confirmed result in the job's result log.
 
     ``result_key`` gives the key (a task id) of one recorded result message, ``member_key`` that
     of one member of a delivery; either returns None for a message it cannot read (a member that
@@ -68,7 +68,7 @@ class DoneRecord:
 
     async def done(self, keys: Collection[str], since: float | None) -> set[str]:
         """The ``keys`` with a result recorded on any broker since ``since`` (Unix time; None:
-        as far back as the record goes)."""
+        as far back as the log goes)."""
         wanted, found = set(keys), set[str]()
 
         def each(body: bytes) -> None:
@@ -83,13 +83,13 @@ class DoneRecord:
         for broker, read in zip(self._brokers, reads, strict=True):
             if isinstance(read, Exception):
                 log.warning(
-                    "pipe.record.unread",
+                    "pipe.result_log.unread",
                     extra={"stream": self._stream, "broker": redact(broker.url), "error": repr(read)},
                 )
             elif isinstance(read, BaseException):
                 raise read
         log.info(
-            "pipe.record.read",
+            "pipe.result_log.read",
             extra={
                 "stream": self._stream,
                 "wanted": len(wanted),
@@ -100,7 +100,7 @@ class DoneRecord:
         return found
 
     async def _read(self, broker: Broker, since: float | None, each: Callable[[bytes], None]) -> int:
-        """Reads one broker's record, connecting included, within ``timeout`` seconds: a broker
+        """Reads one broker's result log, connecting included, within ``timeout`` seconds: a broker
         that is down must not hold up the redelivered frame for a whole connect timeout."""
         return await broker.read_log(self._stream, since, each, timeout=self._timeout)
 
