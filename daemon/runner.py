@@ -42,7 +42,7 @@ from truba.logs import bind
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.prefetch import Window
 
-__all__ = ["ENDS_PER_SLOT", "JobRunner", "SlotPolicy", "Worker"]
+__all__ = ["ENDS_PER_SLOT", "JobRunner", "SlotPolicy"]
 
 log = logging.getLogger(__name__)
 ENDS_PER_SLOT = 64
