@@ -20,6 +20,7 @@ A task with ``max_attempts`` spent is given up: its give-up is its outcome.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -81,3 +82,8 @@ def after_failure(spent: int, max_attempts: int) -> tuple[bool, int]:
     """An attempt the daemon saw end without an outcome: (give up?, attempts now spent)."""
     spent += 1
     return spent >= max_attempts, spent
+
+
+def with_attempts(task: TaskMessage, attempts: int) -> TaskMessage:
+    """``task`` carrying ``attempts`` spent (itself when it does already), as it is put back."""
+    return task if task.attempts == attempts else dataclasses.replace(task, attempts=attempts)

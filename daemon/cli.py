@@ -14,8 +14,8 @@ import signal
 
 from truba import logs
 from truba.daemon.daemon import PREFETCH_EXTRA, Daemon, DaemonConfig
-from truba.daemon.runner import SlotPolicy
 from truba.daemon.sizing import default_slots
+from truba.daemon.terms import SlotPolicy
 
 log = logging.getLogger(__name__)
 MIB = 1024 * 1024

@@ -17,7 +17,7 @@ counts one attempt more.
 
 :meth:`TaskEnds.hold` keeps settles back for a while (they wait, nothing is lost): while the
 runner stops consuming, so that the consumer's prefetch credit runs out before basic.cancel
-(see :meth:`truba.daemon.runner.JobRunner._cancel_listener`).
+(see :data:`truba.daemon.returns.CANCEL_QUIET`).
 """
 
 from __future__ import annotations

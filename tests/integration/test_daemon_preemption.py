@@ -24,7 +24,7 @@ def expect_unspent(attempts: dict[str, int], logs: str = "") -> None:
     """Every task handed back by a daemon that let go of it has spent nothing (attempts == 1).
 
     Exact only when the task listener can stop consuming before the daemon puts tasks back
-    (``Listener.cancel()``, see StopsConsuming in truba.daemon.runner): without it, what the
+    (``Listener.cancel()``, see truba.daemon.returns): without it, what the
     listener held comes back marked redelivered and counts one attempt. Then this xfails, with
     every other property of the test already checked.
     """

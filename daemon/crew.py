@@ -1,0 +1,106 @@
+"""The workers lent to one job on one daemon: how many stay, which leave, which are interrupted.
+
+The number of workers follows ``target`` (slots the scheduler assigned). Idle workers leave at
+once when it drops. Busy workers leave after their task (graceful preemption), or, for a job
+with immediate preemption, are interrupted: the slot is killed and restarted, the task goes back
+to its queue without spending an attempt (see :mod:`truba.daemon.execution`), and the slot is
+free within milliseconds.
+
+The crew also knows why every worker stops: the runner closes, stops now, or a pipe broke
+under it (``failure``: its owner reopens the runner).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from truba.daemon.slots import SlotProcess
+from truba.daemon.supervise import Interrupt
+from truba.pipes.errors import PipeError
+
+
+@dataclass(eq=False)
+class Worker:
+    """One slot lent to the job, and the state the runner steers it by."""
+
+    slot: SlotProcess
+    busy: bool = False
+    leaving: bool = False
+    started_at: float = 0.0
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    interrupt: Interrupt = field(default_factory=Interrupt)
+    holds_results: bool = False
+    """Its results wait for frames instead of going out alone (see
+    :meth:`truba.daemon.runner.JobRunner._hold_results`)."""
+
+
+class Crew:
+    """The workers of one runner and the slot count they follow; see the module docstring."""
+
+    def __init__(self, target: int) -> None:
+        self.target = target
+        self.workers: dict[Worker, asyncio.Task[None]] = {}
+        """Each worker with the task that runs it (see JobRunner._work)."""
+        self.closing = False
+        self.now = False
+        """Stopping now: running tasks are interrupted, delivered ones go back unstarted."""
+        self.failure: PipeError | None = None
+        """The pipe error that stopped the runner (its owner reopens it)."""
+
+    @property
+    def staying(self) -> int:
+        return sum(1 for w in self.workers if not w.leaving)
+
+    def broke(self, exc: PipeError) -> None:
+        """Notes the first pipe error: every worker leaves at its next turn."""
+        if self.failure is None:
+            self.failure = exc
+
+    def going(self, worker: Worker) -> bool:
+        """The worker will leave at its next turn (see leaves, which also marks it)."""
+        return worker.leaving or self.closing or self.failure is not None or self.staying > self.target
+
+    def leaves(self, worker: Worker) -> bool:
+        """Whether the worker leaves now; one over the target is marked leaving."""
+        if worker.leaving or self.closing or self.failure is not None:
+            return True
+        if self.staying > self.target:
+            worker.leaving = True
+            return True
+        return False
+
+    def resize(self, target: int, interrupt: bool) -> None:
+        """Follows a new slot count: idle workers over it leave now; busy ones after their task,
+        or at once when ``interrupt``."""
+        self.target = target
+        excess = self.staying - target
+        if excess <= 0:
+            return
+        staying = [w for w in self.workers if not w.leaving]
+        for worker in [w for w in staying if not w.busy][:excess]:
+            worker.leaving = True
+            worker.wake.set()
+            excess -= 1
+        if excess > 0 and interrupt:
+            # Interrupt the most recently started tasks: they lose the least work.
+            busy = sorted((w for w in staying if w.busy), key=lambda w: w.started_at, reverse=True)
+            for worker in busy[:excess]:
+                worker.leaving = True
+                worker.interrupt.set()
+        # Graceful: whichever busy worker finishes first leaves (see leaves).
+
+    def stop_now(self) -> None:
+        """Every worker leaves; running tasks are interrupted."""
+        self.closing = True
+        self.now = True
+        for worker in self.workers:
+            worker.leaving = True
+            worker.wake.set()
+            worker.interrupt.set()
+
+    def wake_idle(self) -> None:
+        """Wakes the workers waiting for a delivery (closing: they leave at once)."""
+        for worker in self.workers:
+            if not worker.busy:
+                worker.wake.set()

@@ -1,0 +1,228 @@
+"""The task life on a worker's slot, one path for every way tasks reach it.
+
+Get a delivery → admit it (attempts spent so far, :mod:`truba.daemon.attempts`) → run one
+attempt in a slot under its limits (:mod:`truba.daemon.supervise`), handed over one task at a
+time, as a chunk of short tasks or as a batch (:mod:`truba.daemon.ways`) → end each task on its
+own (:mod:`truba.daemon.ends`): a reply is its result; an interrupt puts it back unspent; a
+timeout, the memory limit or the slot's death spends an attempt (requeue, or give up after the
+last). Results are published and confirmed, then acked; the confirm and the ack run in the
+background while the slot takes the next task.
+
+After its tasks all replied, a slot is recycled (replaced by a fresh process) when it ran
+``max_tasks`` tasks or its private memory passed the soft limit; a slot passing the hard limit
+during a task is killed and the attempt spent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Final, TypeVar
+
+from truba.daemon.attempts import Verdict, admit, after_failure, with_attempts
+from truba.daemon.crew import Crew, Worker
+from truba.daemon.ends import TaskEnds
+from truba.daemon.returns import Returns
+from truba.daemon.slots import SlotProcess
+from truba.daemon.stats import JobStats
+from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, supervised
+from truba.daemon.terms import JobTerms
+from truba.daemon.ways import BATCHED, CHUNKED, ONE_TASK, Admitted, Way, next_reply
+from truba.logs import bind
+from truba.pipes.base import Delivery
+from truba.wire import ResultMessage, TaskMessage
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_UNBOUND: Final = contextlib.nullcontext()
+"""The log context of a lone task: its caller bound it already, for the task's whole life."""
+
+
+class Execution:
+    """Admits deliveries, runs them on a worker's slot and ends each; see the module docstring."""
+
+    def __init__(
+        self, terms: JobTerms, crew: Crew, stats: JobStats, ends: TaskEnds, returns: Returns, daemon_id: str
+    ) -> None:
+        self.terms = terms
+        self.crew = crew
+        self.stats = stats
+        self.ends = ends
+        self.returns = returns
+        self.daemon_id = daemon_id
+        self.task_seconds: float | None = None
+        """Recent handler seconds per task (an EWMA; None until a task ended)."""
+
+    async def run_one(self, worker: Worker, delivery: Delivery[TaskMessage]) -> None:
+        """One delivery, as one task (the common case: its log context is bound once)."""
+        with bind(task_id=delivery.message.task_id):
+            spent = await self._admit(worker, delivery)
+            if spent is not None:
+                await self.execute(worker, [(delivery, spent)], ONE_TASK)
+
+    async def run_chunk(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+        """Several deliveries of short tasks, handed to the slot in one write (one admitted
+        alone runs as one task)."""
+        admitted = await self._admit_all(worker, deliveries)
+        if len(admitted) > 1:
+            await self._run_admitted(worker, admitted, CHUNKED)
+        else:
+            await self._run_admitted(worker, admitted, ONE_TASK)
+
+    async def run_batch(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> None:
+        """Deliveries for one call of a batch handler."""
+        await self._run_admitted(worker, await self._admit_all(worker, deliveries), BATCHED)
+
+    async def _run_admitted(self, worker: Worker, admitted: list[Admitted], way: Way[T]) -> None:
+        if len(admitted) > 1:
+            await self.execute(worker, admitted, way)
+        elif admitted:
+            with bind(task_id=admitted[0][0].message.task_id):
+                await self.execute(worker, admitted, way)
+
+    async def execute(self, worker: Worker, admitted: list[Admitted], way: Way[T]) -> None:
+        """One attempt of each admitted task on the worker's slot, handed over ``way``; then
+        each task's end, in order.
+
+        A lone task runs in its caller's log context (bound to it already); several are each
+        bound in turn.
+        """
+        terms = self.terms
+        limits = Limits(terms.settings.task_timeout, terms.policy.memory_hard)
+        slot = worker.slot
+        count = len(admitted)
+        worker.busy, worker.started_at = True, time.monotonic()
+        worker.interrupt.clear()
+        self.stats.busy += 1
+        ended = 0  # tasks whose attempt ended (replied or not)
+        replied = True  # so far every one did
+        back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
+        try:
+            handing = way.hand_over(slot, terms.handler, admitted)
+            handed, value = await supervised(slot, handing, limits, worker.interrupt, what=way.what)
+            if not way.streams:  # the slot is done with them all
+                worker.busy = False
+                self.stats.busy -= 1
+            for delivery, spent in admitted:
+                task = delivery.message
+                with _UNBOUND if count == 1 else bind(task_id=task.task_id):
+                    end = way.end(ended, count, handed, value)
+                    if end is None:
+                        end = await next_reply(slot, task, spent, limits, worker.interrupt)
+                    ended += 1
+                    if end.ending is Ending.REPLIED:
+                        await self._complete(delivery, task, end, spent + 1)
+                        continue
+                    replied = False
+                    if end.ending is Ending.INTERRUPTED:  # back, unspent
+                        self.stats.preempted += 1
+                        if back is None:
+                            back = []
+                        back.append((delivery, with_attempts(task, spent)))
+                        fields = {"attempt": spent + 1, "seconds": round(end.seconds, 3)}
+                        log.info("daemon.task.preempted", extra=fields)
+                    else:
+                        await self._failed(delivery, task, end, spent)
+                    if way.streams:  # the slot is gone (and started afresh)
+                        break
+        except BaseException:
+            if way.streams and replied and ended < count:  # replies still due: no one else may read them
+                await asyncio.shield(slot.kill())
+            raise
+        finally:
+            if worker.busy:
+                worker.busy = False
+                self.stats.busy -= 1
+        if back is not None:
+            self.returns.put_back_later(back)
+        if ended < count:  # never started: back, unspent
+            unstarted = [(d, with_attempts(d.message, spent)) for d, spent in admitted[ended:]]
+            self.returns.put_back_later(unstarted, "unstarted")
+        elif replied:
+            await self._recycle(slot)
+
+    async def _admit_all(self, worker: Worker, deliveries: list[Delivery[TaskMessage]]) -> list[Admitted]:
+        """The deliveries to run now, each with the attempts it has spent (see _admit)."""
+        admitted: list[Admitted] = []
+        for delivery in deliveries:
+            with bind(task_id=delivery.message.task_id):
+                spent = await self._admit(worker, delivery)
+            if spent is not None:
+                admitted.append((delivery, spent))
+        return admitted
+
+    async def _admit(self, worker: Worker, delivery: Delivery[TaskMessage]) -> int | None:
+        """The attempts the task has spent if it is to run now; None once it was ended otherwise."""
+        task = delivery.message
+        self.stats.waiting += 1
+        try:
+            log.debug(
+                "daemon.task.received",
+                extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
+            )
+            settings = self.terms.settings
+            admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
+            if admission.verdict is Verdict.GIVE_UP:
+                await self.returns.give_up(delivery, task, admission.spent, admission.error)
+                return None
+            taken_away = self.crew.now or (worker.leaving and settings.immediate)
+            if admission.verdict is Verdict.RECOUNT or taken_away:
+                # Recount (classic queue: a death to write into the task), or this worker is
+                # being taken away right now: back to the queue, nothing spent by us.
+                reason = "recount" if admission.verdict is Verdict.RECOUNT else "released"
+                await self.returns.requeue(delivery, with_attempts(task, admission.spent), reason)
+                return None
+            return admission.spent
+        finally:
+            self.stats.waiting -= 1
+
+    async def _complete(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, attempt: int
+    ) -> None:
+        reply = end.reply
+        assert reply is not None
+        self.stats.ran(end.seconds)
+        seconds = self.task_seconds
+        self.task_seconds = reply.seconds if seconds is None else seconds + (reply.seconds - seconds) / 8
+        log.debug("daemon.task.finished", extra={"ok": reply.ok, "seconds": round(end.seconds, 6)})
+        result = ResultMessage(
+            task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt
+        )
+        await self.ends.complete(delivery, result)
+
+    async def _failed(
+        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, spent: int
+    ) -> None:
+        """The attempt ended without an outcome (timeout, memory, crash): requeue or give up."""
+        assert end.error is not None
+        gives_up, spent = after_failure(spent, self.terms.settings.max_attempts)
+        fields = {"attempt": spent, "seconds": round(end.seconds, 3), "error": end.error.message}
+        if end.ending is Ending.TIMED_OUT:
+            self.stats.timed_out += 1
+            log.info("daemon.task.timed_out", extra=fields)
+        elif end.ending is Ending.OUT_OF_MEMORY:
+            log.info("daemon.task.out_of_memory", extra=fields)
+        else:
+            log.warning("daemon.task.slot_died", extra=fields)
+        if gives_up:
+            await self.returns.give_up(delivery, task, spent, end.error)
+        else:
+            await self.returns.requeue(delivery, with_attempts(task, spent), end.ending.value)
+
+    async def _recycle(self, slot: SlotProcess) -> None:
+        """Replaces the slot's process after too many tasks or over the soft memory limit."""
+        policy = self.terms.policy
+        reason = None
+        if policy.max_tasks and slot.tasks_run >= policy.max_tasks:
+            reason = {"reason": "max_tasks", "tasks": slot.tasks_run}
+        elif policy.memory_soft:
+            used = slot.private_memory()
+            if used is not None and used > policy.memory_soft:
+                reason = {"reason": "memory", "private_mib": round(used / MIB, 1)}
+        if reason is None:
+            return
+        log.info("daemon.slot.recycled", extra={**reason, "pid": slot.pid})
+        await slot.stop()
+        await slot.start()

@@ -1,0 +1,201 @@
+"""How a runner's workers get their deliveries: one at a time, chunks of short tasks, batches.
+
+Frames (:mod:`truba.pipes.frame`): the members of a task frame are handed to whichever workers
+ask, so a frame spreads over the free slots. When tasks are short, a worker takes a few members
+at once (a chunk, see :meth:`Intake.take_more`), written to its slot in one go. When members
+have waited ``hold_limit`` seconds and no worker has taken a task for as long (every slot is
+busy with a long one), they are handed back to the queue, unspent, for another daemon to run
+(late binding: a frame of long tasks must not keep one daemon's work from another's idle slots;
+members of short tasks keep flowing to this daemon's slots and are not sent around).
+
+A batch handler's worker collects up to ``max_size`` deliveries (:mod:`truba.daemon.batching`).
+
+Over several brokers the prefetch window is split while every slot is busy, and whole again
+when a slot finds nothing (:meth:`Intake.take`, :class:`~truba.pipes.prefetch.Window`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from truba.daemon.batching import collect
+from truba.daemon.crew import Crew, Worker
+from truba.daemon.returns import Returns
+from truba.handlers import BatchSpec
+from truba.pipes.base import Delivery, Listener
+from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.frame import unframing
+from truba.pipes.prefetch import Window
+from truba.wire import TaskMessage
+
+log = logging.getLogger(__name__)
+GET_TIMEOUT = 0.5
+CHUNK = 8
+"""Tasks of a frame a worker hands its slot in one write when they are short (see take_more):
+one wake-up of the slot process for several tasks instead of one each."""
+CHUNK_BELOW = 0.002
+"""Tasks are short when their handler time averages under this (seconds, recent tasks)."""
+HOLD_LIMIT = 0.1
+"""Seconds members of a frame may wait for a slot of this runner before they go back to the
+queue (see the module docstring)."""
+
+
+class Intake:
+    """Hands one runner's deliveries to its workers; see the module docstring."""
+
+    def __init__(
+        self,
+        job_id: str,
+        tasks: Listener[TaskMessage],
+        window: Window,
+        crew: Crew,
+        returns: Returns,
+        *,
+        hold_limit: float = HOLD_LIMIT,
+    ) -> None:
+        self.job_id = job_id
+        self.tasks = tasks
+        self.window = window
+        self.crew = crew
+        self.returns = returns
+        self.hold_limit = hold_limit
+        self.frames = unframing(tasks)
+        """The unframe layer of the task listener (None: not a framing stack)."""
+        self.idle = 0
+        """Workers waiting for a delivery right now."""
+        self._took_at = time.monotonic()
+        """When a worker last took a task (see _watch_held)."""
+        self._holding: asyncio.Task[None] | None = None
+        """Hands back frame members that wait too long (started with the first worker)."""
+        self._quit_holding = asyncio.Event()
+        """Stops that watcher between two hand-backs (cancelling it could cut one in half)."""
+
+    @property
+    def holds_members(self) -> bool:
+        """Members of a frame are at hand (received, not taken yet)."""
+        return self.frames is not None and self.frames.held > 0
+
+    async def take(self, worker: Worker) -> Delivery[TaskMessage] | None:
+        """The next delivery, or None on timeout or when the runner wakes this worker."""
+        if worker.wake.is_set():
+            worker.wake.clear()
+            return None
+        if self.frames is not None and self.frames.held:
+            # Members of a frame at hand: taken at once, without waiting machinery (the common
+            # case under load, worth its own path).
+            delivery = await self.tasks.get(0.0)
+            if delivery is not None:
+                self._took_at = time.monotonic()
+                return delivery
+        getting = asyncio.ensure_future(self.tasks.get(GET_TIMEOUT))
+        waking = asyncio.ensure_future(worker.wake.wait())
+        self.idle += 1
+        try:
+            await asyncio.wait({getting, waking}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            self.idle -= 1
+            waking.cancel()
+            if not getting.done():
+                getting.cancel()
+        woken = worker.wake.is_set()
+        worker.wake.clear()
+        try:
+            delivery = await getting  # a delivery that arrived as we were woken is ours all the same
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if current is not None and current.cancelling():
+                raise
+            return None
+        await self._adapt_window(delivery, woken)
+        if delivery is not None:
+            self._took_at = time.monotonic()
+        return delivery
+
+    async def take_more(self, worker: Worker, task_seconds: float | None) -> list[Delivery[TaskMessage]]:
+        """More members of a frame at hand, to run on this worker's slot after the one it took
+        (up to :data:`CHUNK` in all): only when tasks are short (``task_seconds``: recent
+        handler seconds per task, None: none ended yet), and no more than this worker's share of
+        what is held, so that a frame still spreads over the free slots."""
+        short = task_seconds is not None and task_seconds < CHUNK_BELOW
+        if self.frames is None or not short or self.crew.going(worker):
+            return []
+        more: list[Delivery[TaskMessage]] = []
+        for _ in range(min(CHUNK - 1, self.frames.held // (self.idle + 1))):
+            delivery = await self.tasks.get(0.0)
+            if delivery is None:
+                break
+            more.append(delivery)
+        return more
+
+    async def collect(
+        self, worker: Worker, first: Delivery[TaskMessage], spec: BatchSpec
+    ) -> list[Delivery[TaskMessage]]:
+        """A batch for a batch handler's worker: ``first`` and what else arrives (see
+        :func:`~truba.daemon.batching.collect`); cut short when the worker leaves or is
+        interrupted."""
+        return await collect(self.tasks, first, spec, lambda: self._taken(worker))
+
+    def _taken(self, worker: Worker) -> bool:
+        """The worker should stop collecting a batch: it leaves or is being interrupted."""
+        return worker.leaving or self.crew.closing or worker.interrupt.is_set()
+
+    async def _adapt_window(self, delivery: Delivery[TaskMessage] | None, woken: bool) -> None:
+        """Late binding over several brokers (see :class:`~truba.pipes.prefetch.Window`): with
+        every slot busy, split the prefetch so the daemon holds no task it is not running; when
+        a slot found nothing, lift the split (the tasks may be on one broker only)."""
+        try:
+            if delivery is not None and self.idle == 0:
+                await self.window.set_split(True)
+            elif delivery is None and not woken:
+                await self.window.set_split(False)
+        except PipeError as exc:  # a leaf went away under the resize: its reopen applies the size
+            log.debug("daemon.window.resize_failed", extra={"error": repr(exc)})
+
+    def watch_held(self) -> None:
+        """Starts handing back frame members that wait too long (once; framing stacks only)."""
+        if self._holding is None and self.frames is not None:
+            self._holding = asyncio.create_task(self._watch_held(), name=f"held-{self.job_id}")
+
+    async def stop_watching(self) -> None:
+        """Stops that watcher, between two hand-backs."""
+        if self._holding is not None:
+            self._quit_holding.set()
+            await self._holding
+
+    async def _watch_held(self) -> None:
+        """Hands back frame members that waited ``hold_limit`` seconds while no worker took a task."""
+        frames = self.frames
+        assert frames is not None
+        crew = self.crew
+        while not crew.closing:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._quit_holding.wait(), self.hold_limit / 2)
+            if self.idle or self._quit_holding.is_set() or any(not w.busy for w in crew.workers):
+                continue  # a worker is free, or about to be (starting its slot, describing)
+            if not frames.held:
+                try:  # a frame in the prefetch waits here from now on
+                    await frames.take_in()
+                except PipeError as exc:  # the listener's own reopen deals with it; a worker sees it too
+                    log.debug("daemon.job.take_in_failed", extra={"job_id": self.job_id, "error": repr(exc)})
+                continue
+            if min(frames.held_for(), time.monotonic() - self._took_at) < self.hold_limit:
+                continue  # not waiting long, or the slots take tasks: they flow here
+            count = 0
+            try:
+                while frames.held and not self.idle and not crew.closing:
+                    delivery = await self.tasks.get(0.0)
+                    if delivery is None:
+                        break
+                    await self.returns.hand_back(delivery, "held")
+                    count += 1
+            except PipeClosed:
+                return
+            except PipeError as exc:
+                crew.broke(exc)
+                log.warning("daemon.job.hand_back_failed", extra={"job_id": self.job_id, "error": repr(exc)})
+                return
+            if count:
+                log.info("daemon.job.handed_back", extra={"job_id": self.job_id, "count": count})
