@@ -34,6 +34,7 @@ from truba.daemon.stats import JobStats
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame import FrameLimits
+from truba.pipes.frame_listener import FrameListener
 from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
@@ -49,6 +50,8 @@ class JobPipes:
     dead: Sender[GaveUpRecord]
     result_frames: FrameLimits | None = None
     """The limits of the results' frames (None: results go one per message)."""
+    task_frames: FrameListener | None = None
+    """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
 
     async def close(self) -> None:
         """Closes all four (the senders wait, bounded, for outstanding confirms)."""

@@ -27,7 +27,7 @@ from truba.daemon.returns import Returns
 from truba.handlers import BatchSpec
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.frame import unframing
+from truba.pipes.frame_listener import FrameListener
 from truba.pipes.prefetch import Window
 from truba.wire import TaskMessage
 
@@ -50,6 +50,7 @@ class Intake:
         self,
         job_id: str,
         tasks: Listener[TaskMessage],
+        frames: FrameListener | None,
         window: Window,
         crew: Crew,
         returns: Returns,
@@ -62,7 +63,7 @@ class Intake:
         self.crew = crew
         self.returns = returns
         self.hold_limit = hold_limit
-        self.frames = unframing(tasks)
+        self.frames = frames
         """The unframe layer of the task listener (None: not a framing stack)."""
         self.idle = 0
         """Workers waiting for a delivery right now."""

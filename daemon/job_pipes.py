@@ -49,16 +49,17 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
             brokers, job.result_log.name, result_key=_task_id_of_result, member_key=_task_id_of_task
         )
     result_frames = FrameLimits() if job.settings.frames else None
+    tasks = listen_stack(
+        TaskCodec(),
+        brokers,
+        job.tasks_queue,
+        window,
+        role="tasks",
+        dead_letter_queue=job.dead_queue,
+        done=done,
+    )
     return JobPipes(
-        tasks=listen_stack(
-            TaskCodec(),
-            brokers,
-            job.tasks_queue,
-            window,
-            role="tasks",
-            dead_letter_queue=job.dead_queue,
-            done=done,
-        ).listener,
+        tasks=tasks.listener,
         results=send_stack(
             ResultCodec(),
             brokers,
@@ -70,6 +71,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),
         dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,
         result_frames=result_frames,
+        task_frames=tasks.frames,
     )
 
 

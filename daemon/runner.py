@@ -94,7 +94,15 @@ class JobRunner:
             stop_timeout=stop_timeout,
             cancel_quiet=cancel_quiet,
         )
-        self.intake = Intake(job_id, pipes.tasks, self.window, self.crew, self.returns, hold_limit=hold_limit)
+        self.intake = Intake(
+            job_id,
+            pipes.tasks,
+            pipes.task_frames,
+            self.window,
+            self.crew,
+            self.returns,
+            hold_limit=hold_limit,
+        )
         self.execution = Execution(self.terms, self.crew, self.stats, self.ends, self.returns, daemon_id)
         self._specs: dict[str, BatchSpec | None] = {}
         """What a slot said about each handler this runner ran (None: one task at a time)."""

@@ -38,7 +38,7 @@ from truba.pipes.base import Confirmation, Sender, close_all, fail_confirmation
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_format import MAGIC, pack, unpack
 from truba.pipes.frame_limits import FrameLimits
-from truba.pipes.frame_listener import DoneCheck, FrameListener, unframing
+from truba.pipes.frame_listener import DoneCheck, FrameListener
 
 __all__ = [
     "MAGIC",
@@ -47,7 +47,6 @@ __all__ = [
     "FrameListener",
     "FrameSender",
     "pack",
-    "unframing",
     "unpack",
 ]
 

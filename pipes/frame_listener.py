@@ -241,13 +241,3 @@ class FrameListener:
             return [delivery]
         frame = _Frame(delivery, len(members), self._requeue)
         return [_Member(message, frame) for message in members]
-
-
-def unframing(listener: Listener[object]) -> FrameListener | None:
-    """The :class:`FrameListener` layer inside a stack of listeners (each layer's ``inner``)."""
-    layer: object = listener
-    while layer is not None:
-        if isinstance(layer, FrameListener):
-            return layer
-        layer = getattr(layer, "inner", None)
-    return None

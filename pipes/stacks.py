@@ -197,11 +197,11 @@ def listen_stack(
     decoded = start.layer(deserialize(codec, dead_letters))
     unframe: list[FrameListener] = []
 
-    def unframing(inner: Listener[bytes]) -> Listener[bytes]:
+    def unframe_layer(inner: Listener[bytes]) -> Listener[bytes]:
         unframe.append(FrameListener(inner, done=done))
         return unframe[0]
 
-    unframed: ListenerPipeline[T, bytes] = decoded.layer(unframing)
+    unframed: ListenerPipeline[T, bytes] = decoded.layer(unframe_layer)
     retried: ListenerPipeline[T, bytes] = unframed.layer(retry_listener(UNTIL_SUCCESS))
     logged: ListenerPipeline[T, bytes] = retried.layer(log_listener(role))
     listener = logged.build(leaves[0] if len(leaves) == 1 else MergeListener(leaves))

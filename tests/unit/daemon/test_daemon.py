@@ -14,9 +14,10 @@ from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.ends import JobPipes
 from truba.daemon.job_pipes import Wanted
 from truba.pipes.prefetch import Window
-from truba.pipes.testing import FakeListener, FakeSender
+from truba.pipes.testing import FakeBroker, FakeListener, FakeSender
 from truba.proto.v1 import common_pb2, daemons_pb2
-from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
+from truba.queues import job_queues
+from truba.wire import GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
 
 @dataclass
@@ -161,3 +162,44 @@ async def test_refused_handlers_are_not_run(daemon: Callable[[int], FakePipesDae
     assign(d, 1, job_slots("x", "os:system", 1), job_slots("y", "tests.handlers.basic:echo", 1))
     await eventually(lambda: "y" in d.jobs)
     assert "x" not in d.jobs
+
+
+async def test_a_daemon_over_a_fake_broker_runs_a_task_end_to_end_through_its_real_stacks() -> None:
+    # The injection point: the daemon's own pipes (frames, result log, dead letters) over FakeBroker.
+    broker = FakeBroker("fake://b0")
+    queues = job_queues("fk")
+    for spec in queues.specs():
+        await broker.declare(spec)
+    config = DaemonConfig("127.0.0.1:1", 1, ["tests.handlers.*"], daemon_id="d-fake")
+    opened: list[str] = []
+
+    def brokers(url: str) -> FakeBroker:
+        opened.append(url)
+        return broker
+
+    made = Daemon(config, brokers=brokers)
+    made.welcome(daemons_pb2.Welcome(brokers=[common_pb2.Broker(url="fake://b0", name="b0")]))
+    running = asyncio.create_task(made.run())
+    try:
+        wire = common_pb2.JobQueues(tasks=queues.tasks, results=queues.results, dead=queues.dead)
+        made.assign(
+            daemons_pb2.Assignment(
+                version=1,
+                jobs=[
+                    daemons_pb2.JobSlots(
+                        job_id="fk", handler="tests.handlers.basic:square", slots=1, queues=wire
+                    )
+                ],
+            )
+        )
+        publisher = await broker.sender(queues.tasks)
+        await (await publisher.send(TaskCodec().encode(TaskMessage("t1", 7))))
+        await eventually(lambda: broker.messages(queues.results), timeout=20)
+        [result] = [ResultCodec().decode(body) for body in broker.messages(queues.results)]
+        assert (result.task_id, result.ok, result.value) == ("t1", True, 49)
+        await eventually(lambda: broker.messages(queues.tasks) == [])  # acked once the result was confirmed
+        assert opened == ["fake://b0"]
+        assert broker.messages(queues.result_log) == broker.messages(queues.results)  # copied in one confirm
+    finally:
+        made.stop_now()
+        await asyncio.wait_for(running, 20)

@@ -42,8 +42,11 @@ class Framed:
         self.results = HoldWatch(self.result_frames)
         self.requeue: FakeSender[TaskMessage] = FakeSender(auto_confirm=True)
         dead: FakeSender[GaveUpRecord] = FakeSender(auto_confirm=True)
-        tasks = DeserializeListener(FrameListener(self.wire), CODEC)
-        pipes = JobPipes(tasks, self.results, self.requeue, dead, result_frames=self.result_frames)
+        unframe = FrameListener(self.wire)
+        tasks = DeserializeListener(unframe, CODEC)
+        pipes = JobPipes(
+            tasks, self.results, self.requeue, dead, result_frames=self.result_frames, task_frames=unframe
+        )
         self.runner = JobRunner("j1", handler, "d1", pipes, lambda slot: None, target=slots)
         self.slots = [SlotProcess(i) for i in range(slots)]
         for slot in self.slots:
