@@ -58,7 +58,7 @@ def rollup(pid: int) -> dict[str, int]:
 async def measure(how: str, slots: int) -> dict[str, object]:
     from truba.daemon.forkserver import ForkServer
     from truba.daemon.launch import Launcher, Spawn
-    from truba.daemon.slots import SlotProcess
+    from truba.daemon.slot_process import SlotProcess
 
     launcher: Launcher = ForkServer([HANDLER]) if how == "fork" else Spawn()
     processes = [SlotProcess(i, launcher) for i in range(slots)]

@@ -75,7 +75,7 @@ def launcher(how: str) -> Launcher:
 
 async def slot_starts(how: str, n: int) -> list[float]:
     """Seconds from start() to the first reply, n times (the template is up before the first)."""
-    from truba.daemon.slots import SlotProcess
+    from truba.daemon.slot_process import SlotProcess
 
     launch = launcher(how)
     slot = SlotProcess(0, launch)
@@ -97,7 +97,7 @@ async def slot_starts(how: str, n: int) -> list[float]:
 
 async def through_slot(seconds: float, n: int, how: str = "spawn") -> float:
     """Seconds for n tasks through one warm SlotProcess (spawned or forked)."""
-    from truba.daemon.slots import SlotProcess
+    from truba.daemon.slot_process import SlotProcess
 
     launch = launcher(how)
     slot = SlotProcess(0, launch)

@@ -4,7 +4,7 @@ through :func:`truba.daemon.supervise.supervised`).
 A batch handler (see :mod:`truba.handlers`) takes up to ``max_size`` tasks per call. A worker
 that got its first delivery keeps taking more, without waiting past ``max_wait`` after the first,
 then runs them as one call on its slot; every task still ends on its own (result, requeue or
-give-up through :mod:`truba.daemon.ends`).
+give-up through :mod:`truba.daemon.task_endings`).
 
 The whole batch is one attempt for each of its tasks: a timeout, the memory limit or a crash
 spends an attempt of every task in it; an interrupt (preemption) puts all back unspent; a reply

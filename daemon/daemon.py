@@ -25,13 +25,12 @@ from typing import Final
 
 from truba.daemon.allow import is_allowed
 from truba.daemon.control import SchedulerLink
-from truba.daemon.ends import JobPipes
 from truba.daemon.forkserver import ForkServer
-from truba.daemon.job_pipes import Wanted, open_job_pipes
+from truba.daemon.job_pipes import JobPipes, Wanted, open_job_pipes
 from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.daemon.wiring import default_brokers
 from truba.pipes.broker import Broker, BrokerFactory, redact

@@ -2,8 +2,8 @@
 
 Get a delivery → admit it (attempts spent so far, :mod:`truba.daemon.attempts`) → run one
 attempt in a slot under its limits (:mod:`truba.daemon.supervise`), handed over one task at a
-time, as a chunk of short tasks or as a batch (:mod:`truba.daemon.ways`) → end each task on its
-own (:mod:`truba.daemon.ends`): a reply is its result; an interrupt puts it back unspent; a
+time, as a chunk of short tasks or as a batch (:mod:`truba.daemon.handover`) → end each task on its
+own (:mod:`truba.daemon.task_endings`): a reply is its result; an interrupt puts it back unspent; a
 timeout, the memory limit or the slot's death spends an attempt (requeue, or give up after the
 last). Results are published and confirmed, then acked; the confirm and the ack run in the
 background while the slot takes the next task.
@@ -23,13 +23,13 @@ from typing import Final, TypeVar
 
 from truba.daemon.attempts import Verdict, admit, after_failure, with_attempts
 from truba.daemon.crew import Crew, Worker
-from truba.daemon.ends import TaskEnds
+from truba.daemon.handover import BATCHED, CHUNKED, ONE_TASK, Admitted, Handover, next_reply
 from truba.daemon.returns import Returns
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, supervised
+from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms
-from truba.daemon.ways import BATCHED, CHUNKED, ONE_TASK, Admitted, Way, next_reply
 from truba.logs import bind
 from truba.pipes.base import Delivery
 from truba.wire import ResultMessage, TaskMessage
@@ -44,7 +44,13 @@ class Execution:
     """Admits deliveries, runs them on a worker's slot and ends each; see the module docstring."""
 
     def __init__(
-        self, terms: JobTerms, crew: Crew, stats: JobStats, ends: TaskEnds, returns: Returns, daemon_id: str
+        self,
+        terms: JobTerms,
+        crew: Crew,
+        stats: JobStats,
+        ends: TaskEndings,
+        returns: Returns,
+        daemon_id: str,
     ) -> None:
         self.terms = terms
         self.crew = crew
@@ -75,14 +81,14 @@ class Execution:
         """Deliveries for one call of a batch handler."""
         await self._run_admitted(worker, await self._admit_all(worker, deliveries), BATCHED)
 
-    async def _run_admitted(self, worker: Worker, admitted: list[Admitted], way: Way[T]) -> None:
+    async def _run_admitted(self, worker: Worker, admitted: list[Admitted], way: Handover[T]) -> None:
         if len(admitted) > 1:
             await self.execute(worker, admitted, way)
         elif admitted:
             with bind(task_id=admitted[0][0].message.task_id):
                 await self.execute(worker, admitted, way)
 
-    async def execute(self, worker: Worker, admitted: list[Admitted], way: Way[T]) -> None:
+    async def execute(self, worker: Worker, admitted: list[Admitted], way: Handover[T]) -> None:
         """One attempt of each admitted task on the worker's slot, handed over ``way``; then
         each task's end, in order.
 

@@ -3,23 +3,44 @@ the brokers that carry its tasks, results, requeues and dead letters (see truba.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from truba.daemon.ends import JobPipes
 from truba.daemon.settings import JobSettings
-from truba.pipes.base import Sender
+from truba.pipes.base import Listener, Sender
 from truba.pipes.broker import Broker, QueueSpec
-from truba.pipes.errors import CodecError
+from truba.pipes.errors import CodecError, PipeError
 from truba.pipes.frame import FrameLimits
+from truba.pipes.frame_listener import FrameListener
 from truba.pipes.prefetch import Window
 from truba.pipes.result_log import ResultLog
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
-from truba.wire import GaveUpCodec, ResultCodec, TaskCodec, TaskMessage
+from truba.wire import GaveUpCodec, GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
-__all__ = ["Wanted", "open_job_pipes"]
+__all__ = ["JobPipes", "Wanted", "open_job_pipes"]
+
+
+@dataclass
+class JobPipes:
+    """A job's pipes on one daemon: its tasks in; results, requeued tasks and dead letters out."""
+
+    tasks: Listener[TaskMessage]
+    results: Sender[ResultMessage]
+    requeue: Sender[TaskMessage]
+    dead: Sender[GaveUpRecord]
+    result_frames: FrameLimits | None = None
+    """The limits of the results' frames (None: results go one per message)."""
+    task_frames: FrameListener | None = None
+    """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
+
+    async def close(self) -> None:
+        """Closes all four (the senders wait, bounded, for outstanding confirms)."""
+        for pipe in (self.tasks, self.results, self.requeue, self.dead):
+            with contextlib.suppress(PipeError):
+                await pipe.close()
 
 
 @dataclass(frozen=True)

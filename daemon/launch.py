@@ -2,7 +2,7 @@
 
 A launcher hands out :class:`SlotHandle` objects: a running slot's pid, its frame pipes, and a
 way to kill and wait for it. :class:`Spawn` starts each slot as a fresh interpreter
-(``python -m truba.daemon.slot``); :class:`~truba.daemon.forkserver.ForkServer` forks it from a
+(``python -m truba.daemon.slot_main``); :class:`~truba.daemon.forkserver.ForkServer` forks it from a
 warm template that preloaded the handlers' modules.
 """
 
@@ -126,7 +126,7 @@ class Spawn:
             try:
                 process = await spawn_python(
                     "-m",
-                    "truba.daemon.slot",
+                    "truba.daemon.slot_main",
                     stdin=asyncio.subprocess.PIPE,
                     stdout=stdout_w,
                     env=os.environ.copy(),

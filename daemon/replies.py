@@ -2,7 +2,7 @@
 
 An asyncio protocol rather than a ``StreamReader``: whole frames wait in a queue, so a reply that
 is already here is taken without waiting (:meth:`ReplyReader.take`). A chunk of short tasks
-(:meth:`~truba.daemon.slots.SlotProcess.send`) has most of its replies read that way, with no
+(:meth:`~truba.daemon.slot_process.SlotProcess.send`) has most of its replies read that way, with no
 task, timer or wait of its own.
 """
 
@@ -13,7 +13,7 @@ import os
 from collections import deque
 from typing import final
 
-from truba.daemon.slot import HEADER
+from truba.daemon.slot_main import HEADER
 
 
 @final

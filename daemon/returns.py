@@ -1,7 +1,7 @@
 """Tasks that leave a runner without a result: put back into their queue, or given up.
 
 A task goes back by being published again with its attempt count and the original acked once
-that is confirmed (:mod:`truba.daemon.ends`), never by ``reject(requeue=True)``, which its next
+that is confirmed (:mod:`truba.daemon.task_endings`), never by ``reject(requeue=True)``, which its next
 daemon would count as a death (:mod:`truba.daemon.attempts`). It goes back unspent when it never
 ran to an end here: interrupted (preemption, stop), handed over to a slot that died before
 starting it, delivered and never started when the runner closes, or held in a frame too long
@@ -21,7 +21,7 @@ import logging
 from collections.abc import Callable
 
 from truba.daemon.attempts import LOST, Verdict, admit, with_attempts
-from truba.daemon.ends import TaskEnds
+from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms
 from truba.logs import bind
 from truba.pipes.base import Delivery, Listener
@@ -49,7 +49,7 @@ class Returns:
         self,
         job_id: str,
         tasks: Listener[TaskMessage],
-        ends: TaskEnds,
+        ends: TaskEndings,
         terms: JobTerms,
         on_broken: Callable[[PipeError], None],
         *,

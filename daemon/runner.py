@@ -7,10 +7,10 @@ The runner composes the parts, each in its own module:
 - :mod:`truba.daemon.intake`: how workers get deliveries (one, chunks of short tasks from a
   frame, batches), the prefetch window, frame members handed back when held too long;
 - :mod:`truba.daemon.execution`: the task life on a slot, one path for single tasks, chunks and
-  batches (:mod:`truba.daemon.ways`): admit, run one attempt, end each task, recycle the slot;
+  batches (:mod:`truba.daemon.handover`): admit, run one attempt, end each task, recycle the slot;
 - :mod:`truba.daemon.returns`: tasks that leave without a result (put back, given up), and
   consuming stopped before anything goes back when the job leaves this daemon;
-- :mod:`truba.daemon.ends`: each end published, confirmed, then acked, in the background (at
+- :mod:`truba.daemon.task_endings`: each end published, confirmed, then acked, in the background (at
   most ``target`` times :data:`ENDS_PER_SLOT` ends wait per runner).
 
 A batch handler (:mod:`truba.handlers`) gets up to ``max_size`` tasks per call on one slot
@@ -28,14 +28,15 @@ import time
 from collections.abc import Callable
 
 from truba.daemon.crew import Crew, Worker
-from truba.daemon.ends import JobPipes, TaskEnds
 from truba.daemon.execution import Execution
 from truba.daemon.intake import HOLD_LIMIT, Intake
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.returns import CANCEL_QUIET, Returns
 from truba.daemon.settings import JobSettings
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import Ending, Limits, supervised
+from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms, SlotPolicy
 from truba.handlers import BatchSpec
 from truba.logs import bind
@@ -84,7 +85,7 @@ class JobRunner:
         self.stop_timeout = stop_timeout
         self.terms = JobTerms(handler, settings or JobSettings(), policy or SlotPolicy())
         self.crew = Crew(target)
-        self.ends = TaskEnds(pipes, daemon_id, self.stats, self.crew.broke)
+        self.ends = TaskEndings(pipes, daemon_id, self.stats, self.crew.broke)
         self.returns = Returns(
             job_id,
             pipes.tasks,

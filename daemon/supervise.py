@@ -18,7 +18,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, TypeVar
 
-from truba.daemon.slots import SlotDied, SlotProcess, SlotReply
+from truba.daemon.slot_process import SlotDied, SlotProcess, SlotReply
 from truba.wire import ErrorInfo
 
 log = logging.getLogger(__name__)

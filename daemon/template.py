@@ -8,7 +8,7 @@ Protocol over the ``SOCK_SEQPACKET`` unix socket ``FD`` (one message per packet,
 :data:`MESSAGE`): the template sends ``R`` (ready; ``pid`` = its own, ``value`` = handlers that
 imported) once the preload is done. Each request is ``F`` with two file descriptors attached,
 the slot's stdin (read end) and stdout (write end); the template forks a child that runs
-:func:`truba.daemon.slot.main` on them and answers ``P`` with its pid. When a child exits the
+:func:`truba.daemon.slot_main.main` on them and answers ``P`` with its pid. When a child exits the
 template reaps it and sends ``X`` with its exit code (``-N`` for signal N, as ``subprocess``).
 
 Death: the template dies with the daemon (``PR_SET_PDEATHSIG``) and its slots die with the
@@ -38,7 +38,7 @@ import sys
 import traceback
 from typing import Final
 
-from truba.daemon import slot
+from truba.daemon import slot_main as slot
 
 MESSAGE: Final = struct.Struct(">cii")
 """kind, pid, value: ``R`` ready (value: handlers preloaded), ``P`` forked, ``X`` exited (value:

@@ -11,10 +11,10 @@ import pytest
 
 from tests.waiting import eventually
 from truba.daemon.batching import collect
-from truba.daemon.ends import JobPipes
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.settings import JobSettings
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.handlers import BatchSpec
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage

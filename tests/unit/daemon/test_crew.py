@@ -6,7 +6,7 @@ import asyncio
 from typing import cast
 
 from truba.daemon.crew import Crew, Worker
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.pipes.errors import PipeBroken
 
 

@@ -11,8 +11,7 @@ import pytest
 
 from tests.waiting import eventually
 from truba.daemon.daemon import Daemon, DaemonConfig
-from truba.daemon.ends import JobPipes
-from truba.daemon.job_pipes import Wanted
+from truba.daemon.job_pipes import JobPipes, Wanted
 from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeBroker, FakeListener, FakeSender
 from truba.proto.v1 import common_pb2, daemons_pb2

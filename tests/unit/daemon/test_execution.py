@@ -11,12 +11,13 @@ import pytest
 
 from tests.waiting import eventually
 from truba.daemon.crew import Crew, Worker
-from truba.daemon.ends import JobPipes, TaskEnds
 from truba.daemon.execution import Execution
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.returns import Returns
 from truba.daemon.settings import JobSettings
-from truba.daemon.slots import SlotDied, SlotProcess, SlotReply
+from truba.daemon.slot_process import SlotDied, SlotProcess, SlotReply
 from truba.daemon.stats import JobStats
+from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms, SlotPolicy
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeBroken
@@ -128,7 +129,7 @@ class Rig:
         self.stats = JobStats()
         self.crew = Crew(1)
         terms = JobTerms("h", settings or JobSettings(), policy or SlotPolicy())
-        ends = TaskEnds(JobPipes(self.tasks, self.results, self.requeue, self.dead), "d1", self.stats)
+        ends = TaskEndings(JobPipes(self.tasks, self.results, self.requeue, self.dead), "d1", self.stats)
         returns = Returns("j1", self.tasks, ends, terms, self.crew.broke, stop_timeout=1.0, cancel_quiet=0.0)
         self.execution = Execution(terms, self.crew, self.stats, ends, returns, "d1")
         self.slot = FakeSlot()

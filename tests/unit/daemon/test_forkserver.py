@@ -16,7 +16,7 @@ import pytest
 from tests.waiting import eventually
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.launch import Spawn
-from truba.daemon.slots import SlotDied, SlotProcess
+from truba.daemon.slot_process import SlotDied, SlotProcess
 
 PRELOADED = "tests.unit.daemon.preloaded:imported_elsewhere"
 SLEEP = "tests.unit.daemon.preloaded:sleep"
@@ -169,7 +169,7 @@ async def test_an_idle_slot_lacking_a_newly_preloaded_handler_is_replaced_and_th
 OWNER = """
 import asyncio, sys
 from truba.daemon.forkserver import ForkServer
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 
 async def main():
     server = ForkServer(["tests.handlers.basic:square"])

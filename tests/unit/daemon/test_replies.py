@@ -8,7 +8,7 @@ import os
 import pytest
 
 from truba.daemon.replies import ReplyReader, reply_reader
-from truba.daemon.slot import HEADER
+from truba.daemon.slot_main import HEADER
 
 
 def framed(*bodies: bytes) -> bytes:

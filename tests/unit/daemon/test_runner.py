@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from tests.waiting import eventually
-from truba.daemon.ends import JobPipes
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 

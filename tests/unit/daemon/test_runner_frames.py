@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from tests.waiting import eventually
-from truba.daemon.ends import JobPipes
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
-from truba.daemon.slots import SlotProcess
+from truba.daemon.slot_process import SlotProcess
 from truba.pipes.base import Confirmation
 from truba.pipes.frame import FrameLimits, FrameListener, pack
 from truba.pipes.serialize import DeserializeListener

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from truba.daemon.ends import JobPipes, TaskEnds
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.stats import JobStats
+from truba.daemon.task_endings import TaskEndings
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
 
@@ -20,7 +21,7 @@ def pipes(tasks: FakeListener[TaskMessage]) -> JobPipes:
 
 async def test_acks_wait_while_held_and_go_out_when_the_hold_ends() -> None:
     tasks: FakeListener[TaskMessage] = FakeListener()
-    ends = TaskEnds(pipes(tasks), "d1", JobStats())
+    ends = TaskEndings(pipes(tasks), "d1", JobStats())
     tasks.push(TaskMessage("t1", 1))
     delivery = await tasks.get(0.0)
     assert delivery is not None
@@ -37,7 +38,7 @@ class RecordingListener(FakeListener[TaskMessage]):
     """Records whether acks were held when the runner cancelled the consumer."""
 
     held_at_cancel: bool | None = None
-    ends: TaskEnds | None = None
+    ends: TaskEndings | None = None
 
     async def cancel(self) -> None:
         assert self.ends is not None

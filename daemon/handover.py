@@ -2,7 +2,7 @@
 
 - :data:`ONE_TASK`: one request, one reply.
 - :data:`CHUNKED`: several short tasks handed over in one write (one wake-up of the slot process
-  for them all, see :meth:`~truba.daemon.slots.SlotProcess.send`). The slot runs them in order
+  for them all, see :meth:`~truba.daemon.slot_process.SlotProcess.send`). The slot runs them in order
   and replies to each as it ends; each reply is read under its own watch (timeout, memory,
   interrupt) from the previous one's (:func:`next_reply`). When one ends without a reply, the
   slot is gone: the ones after it never started.
@@ -18,7 +18,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol, TypeVar, final
 
-from truba.daemon.slots import SlotProcess, SlotReply
+from truba.daemon.slot_process import SlotProcess, SlotReply
 from truba.daemon.supervise import AttemptEnd, Ending, Interrupt, Limits, supervised
 from truba.pipes.base import Delivery
 from truba.wire import TaskMessage
@@ -29,7 +29,7 @@ Admitted = tuple[Delivery[TaskMessage], int]
 """A delivery to run now, with the attempts its task has spent."""
 
 
-class Way(Protocol[T]):
+class Handover(Protocol[T]):
     """How admitted tasks reach a slot (``hand_over``, run under watch), and how each one's
     attempt ended (``end``)."""
 

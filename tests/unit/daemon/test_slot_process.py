@@ -6,7 +6,7 @@ import pytest
 
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.launch import Launcher, Spawn
-from truba.daemon.slots import SlotDied, SlotProcess
+from truba.daemon.slot_process import SlotDied, SlotProcess
 
 
 @pytest.fixture(params=["spawn", "fork"])

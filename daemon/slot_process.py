@@ -1,6 +1,6 @@
 """Slot subprocesses, seen from the daemon: start, run a task or a batch, notice death, kill, measure.
 
-A slot is a process running :mod:`truba.daemon.slot`, speaking length-prefixed msgpack frames
+A slot is a process running :mod:`truba.daemon.slot_main`, speaking length-prefixed msgpack frames
 over its stdin/stdout; a :class:`~truba.daemon.launch.Launcher` starts it (spawned, or forked
 from a template that preloaded the handlers: :mod:`truba.daemon.forkserver`). The process
 boundary protects the daemon from the handler's crashes, leaks and hangs: a task that must stop
@@ -20,7 +20,7 @@ import msgpack
 
 from truba.daemon.launch import Launcher, SlotHandle, Spawn
 from truba.daemon.memory import private_bytes
-from truba.daemon.slot import HEADER
+from truba.daemon.slot_main import HEADER
 from truba.handlers import BatchSpec
 from truba.wire import ErrorInfo
 

@@ -11,11 +11,11 @@ The delivery is acked only once everything published for it is confirmed, so a d
 at any point loses nothing: the broker redelivers the unacked task. The confirm and the ack run
 in the background (the slot goes on with the next task meanwhile), in the order the ends were
 published, by one task per runner (not one per end: at thousands of tasks a second that is a
-cost); :meth:`TaskEnds.wait` waits for them. If a confirm fails (the broker refused the
+cost); :meth:`TaskEndings.wait` waits for them. If a confirm fails (the broker refused the
 message), the task is rejected with requeue as a last resort: it runs again, and its next daemon
 counts one attempt more.
 
-:meth:`TaskEnds.hold` keeps settles back for a while (they wait, nothing is lost): while the
+:meth:`TaskEndings.hold` keeps settles back for a while (they wait, nothing is lost): while the
 runner stops consuming, so that the consumer's prefetch credit runs out before basic.cancel
 (see :data:`truba.daemon.returns.CANCEL_QUIET`).
 """
@@ -30,38 +30,17 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from truba.daemon.job_pipes import JobPipes
 from truba.daemon.stats import JobStats
-from truba.pipes.base import Confirmation, Delivery, Listener, Sender
+from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.pipes.frame import FrameLimits
-from truba.pipes.frame_listener import FrameListener
 from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class JobPipes:
-    """A job's pipes on one daemon: its tasks in; results, requeued tasks and dead letters out."""
-
-    tasks: Listener[TaskMessage]
-    results: Sender[ResultMessage]
-    requeue: Sender[TaskMessage]
-    dead: Sender[GaveUpRecord]
-    result_frames: FrameLimits | None = None
-    """The limits of the results' frames (None: results go one per message)."""
-    task_frames: FrameListener | None = None
-    """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
-
-    async def close(self) -> None:
-        """Closes all four (the senders wait, bounded, for outstanding confirms)."""
-        for pipe in (self.tasks, self.results, self.requeue, self.dead):
-            with contextlib.suppress(PipeError):
-                await pipe.close()
-
-
-@dataclass
-class TaskEnds:
+class TaskEndings:
     """Publishes how tasks end and acks them once confirmed; see the module docstring."""
 
     pipes: JobPipes

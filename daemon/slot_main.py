@@ -1,4 +1,4 @@
-"""The program a slot subprocess runs: ``python -m truba.daemon.slot``.
+"""The program a slot subprocess runs: ``python -m truba.daemon.slot_main``.
 
 It reads requests from its stdin and writes replies to the original stdout, one length-prefixed
 msgpack frame each. The handler's own prints go to stderr (fd 1 is pointed there), so they cannot
