@@ -50,8 +50,7 @@ LONG = 60.0
 async def measure(
     urls: list[str], log_dir: Path, mode: str, rounds: int, slots: int, task: float, spawn: bool = False
 ) -> dict[str, object]:
-    from test_daemon_harness import JobQueues, eventually, job_slots, scripted
-
+    from tests.integration.test_daemon_harness import JobQueues, eventually, job_slots, scripted
     from truba.wire import TaskMessage
 
     immediate = mode == "immediate"
@@ -121,7 +120,7 @@ async def _a_ends_after(a: object, t0: float, slots: int, length: float) -> list
     deadline = time.monotonic() + length + 10
     while time.monotonic() < deadline:
         await a._take_one(0.1)  # type: ignore[attr-defined]
-        ends = [r[0].value["ended"] for r in a.received.values() if r[0].value["ended"] >= t0]  # type: ignore[attr-defined,index]
+        ends = [r[0].value["ended"] for r in a.received.values() if r[0].value["ended"] >= t0]  # type: ignore[attr-defined]
         if ends:
             return ends
     raise AssertionError("no A task ended after the flip")
@@ -163,7 +162,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, default=Path("bench/results/daemon_preemption.json"))
     args = parser.parse_args()
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
+    sys.path[:0] = [str(ROOT)]
     os.chdir(ROOT)
     from truba.local.nodes import start_nodes
 

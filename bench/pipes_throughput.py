@@ -217,10 +217,10 @@ def print_table(result: dict[str, object]) -> None:
     for name, value in rates.items():
         print(f"{name:<12}{value:>16,}")
     print(f"\n{'ratio':<24}{'value':>8}{'goal':>8}")
-    for name, value in ratios.items():
+    for name, ratio in ratios.items():
         goal = goals.get(name)
-        mark = "" if goal is None else ("  ok" if value >= goal else "  BELOW GOAL")
-        print(f"{name:<24}{value:>8.2f}{'' if goal is None else f'{goal:>8.2f}'}{mark}")
+        mark = "" if goal is None else ("  ok" if ratio >= goal else "  BELOW GOAL")
+        print(f"{name:<24}{ratio:>8.2f}{'' if goal is None else f'{goal:>8.2f}'}{mark}")
 
 
 def main() -> int:

@@ -1,6 +1,6 @@
 """Memory of N slots whose handler module holds a large object: spawned versus forked from a template.
 
-The handler module (this file, imported by the slots as ``bench.slot_memory``) allocates
+The handler module (``bench/ballast_handler.py``, imported by the slots) allocates
 ``--ballast`` MiB of bytes at import, as a handler that loads a model or a table would. Each
 slot runs one task (so the module is imported, or found preloaded), then the processes are
 measured from ``/proc/<pid>/smaps_rollup``:
@@ -22,21 +22,11 @@ import os
 import sys
 from pathlib import Path
 
-try:
-    from report import write_json
-except ModuleNotFoundError:  # imported as bench.slot_memory: the slots import its handler from it
-    from bench.report import write_json
+from report import write_json
 
 ROOT = Path(__file__).resolve().parent.parent
-HANDLER = "bench.slot_memory:size"
+HANDLER = "bench.ballast_handler:size"
 MIB = 1024 * 1024
-BALLAST = b"\x01" * (int(os.environ.get("TRUBA_BENCH_BALLAST_MIB", "0")) * MIB)
-"""Allocated (and written) at import, in each process that imports this module."""
-
-
-def size(_: object) -> int:
-    """The handler: the ballast's size in bytes."""
-    return len(BALLAST)
 
 
 def rollup(pid: int) -> dict[str, int]:

@@ -37,25 +37,15 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-try:
-    from report import percentile, write_json
-except ModuleNotFoundError:  # imported as bench.slot_overhead: the slots import its handler from it
-    from bench.report import percentile, write_json
+from report import percentile, write_json
+from spin_handler import spin
 
 if TYPE_CHECKING:
     from truba.daemon.launch import Launcher
 
 ROOT = Path(__file__).resolve().parent.parent
-HANDLER = "bench.slot_overhead:spin"
+HANDLER = "bench.spin_handler:spin"
 HANDLER_SECONDS = {"100us": 100e-6, "1ms": 1e-3, "10ms": 10e-3}
-
-
-def spin(seconds: float) -> float:
-    """Busy-waits ``seconds`` (the handler under test; runs in slots, imported by name)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-    return seconds
 
 
 def inline(seconds: float, n: int) -> float:
@@ -117,8 +107,7 @@ async def through_slot(seconds: float, n: int, how: str = "spawn") -> float:
 
 async def through_daemon(urls: list[str], log_dir: Path, seconds: float, n: int, tag: str) -> float:
     """Seconds per task between the first and the last result of n tasks on a 1-slot daemon."""
-    from test_daemon_harness import JobQueues, eventually, job_slots, scripted
-
+    from tests.integration.test_daemon_harness import JobQueues, eventually, job_slots, scripted
     from truba.wire import TaskMessage
 
     job = JobQueues(f"bench-slot-{tag}-{os.getpid()}", urls)
@@ -239,7 +228,7 @@ def main() -> int:
     args = parser.parse_args()
     # Slots and the daemon import the handler as bench.slot_overhead, the harness from tests/.
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "integration")]
+    sys.path[:0] = [str(ROOT)]
     os.chdir(ROOT)
     nodes = []
     if not args.no_daemon:

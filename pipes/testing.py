@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar, final
+from typing import Generic, TypeVar
 
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed, PipeError
@@ -36,7 +36,6 @@ T = TypeVar("T")
 log = logging.getLogger(__name__)
 
 
-@final
 class FakeSender(Generic[T]):
     """A Sender whose confirms happen when the test says so (or at once with ``auto_confirm``)."""
 
@@ -135,7 +134,6 @@ class FakeDelivery(Generic[T]):
 _WAKE = object()
 
 
-@final
 class FakeListener(Generic[T]):
     """A Listener fed by the test with ``push``; ``close_from_remote`` breaks it."""
 

@@ -1,6 +1,6 @@
 """Real RabbitMQ brokers for integration tests, behind one small interface.
 
-:class:`Broker` is what tests see. Two implementations satisfy it:
+:class:`BrokerNode` is what tests see. Two implementations satisfy it:
 
 - :class:`truba.local.LocalRabbitNode`: a ``rabbitmq-server`` process on a free loopback port (the
   default, and the only choice on machines without a Docker engine, such as ours and CI);
@@ -33,7 +33,7 @@ BACKEND_ENV: Final = "TRUBA_TEST_BROKERS"
 START_TIMEOUT: Final = float(os.environ.get("TRUBA_TEST_BROKER_START_TIMEOUT", "120"))
 
 
-class Broker(Protocol):
+class BrokerNode(Protocol):
     """One independent RabbitMQ broker that a test may inject process faults into."""
 
     @property
@@ -202,7 +202,7 @@ class DockerRabbitNode:
         return {str(row["name"]): int(row.get("messages") or 0) for row in json.loads(out.strip() or "[]")}
 
 
-class BrokerFactory:
+class BrokerNodes:
     """Starts brokers of one backend in parallel, and stops every broker it started.
 
     Local nodes live in numbered directories under ``base_dir``; :meth:`discard` kills a node and
@@ -212,11 +212,11 @@ class BrokerFactory:
     def __init__(self, base_dir: Path, backend: Backend) -> None:
         self.base_dir = base_dir
         self.backend = backend
-        self._brokers: list[Broker] = []
+        self._brokers: list[BrokerNode] = []
         self._groups = 0
         self._lock = threading.Lock()
 
-    def start(self, count: int) -> list[Broker]:
+    def start(self, count: int) -> list[BrokerNode]:
         """Starts ``count`` independent brokers in parallel.
 
         Raises:
@@ -227,7 +227,7 @@ class BrokerFactory:
             group = self._groups
         started = time.monotonic()
         if self.backend == "local":
-            brokers: list[Broker] = list(start_nodes(self.base_dir / f"g{group}", count, START_TIMEOUT))
+            brokers: list[BrokerNode] = list(start_nodes(self.base_dir / f"g{group}", count, START_TIMEOUT))
         else:
             brokers = self._start_containers(count)
         with self._lock:
@@ -238,7 +238,7 @@ class BrokerFactory:
         )
         return brokers
 
-    def _start_containers(self, count: int) -> list[Broker]:
+    def _start_containers(self, count: int) -> list[BrokerNode]:
         nodes = [DockerRabbitNode() for _ in range(count)]
         with ThreadPoolExecutor(max_workers=max(1, count)) as pool:
             futures = [pool.submit(node.start) for node in nodes]
@@ -249,7 +249,7 @@ class BrokerFactory:
             raise errors[0]
         return list(nodes)
 
-    def discard(self, brokers: list[Broker]) -> None:
+    def discard(self, brokers: list[BrokerNode]) -> None:
         """Kills the brokers (their data is not needed any more) and removes local data dirs."""
         for broker in brokers:
             broker.kill()

@@ -17,20 +17,14 @@ the test; nothing here skips.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-_HERE = str(Path(__file__).parent)
-if _HERE not in sys.path:  # pytest's default import mode adds it; --import-mode=importlib does not
-    sys.path.insert(0, _HERE)
-
-from brokers import Broker, BrokerFactory, choose_backend  # noqa: E402
-
-from truba.local import ThreadedFaultProxy  # noqa: E402
-from truba.local.probe import speaks_amqp  # noqa: E402
+from tests.integration.brokers import BrokerNode, BrokerNodes, choose_backend
+from truba.local import ThreadedFaultProxy
+from truba.local.probe import speaks_amqp
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -48,9 +42,9 @@ def client_state(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="session")
-def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerFactory]:
+def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerNodes]:
     """Starts brokers for the whole session and stops every one of them at its end."""
-    factory = BrokerFactory(tmp_path_factory.mktemp("rmq"), choose_backend())
+    factory = BrokerNodes(tmp_path_factory.mktemp("rmq"), choose_backend())
     try:
         yield factory
     finally:
@@ -58,7 +52,7 @@ def broker_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[BrokerF
 
 
 @pytest.fixture(scope="session")
-def rabbit_nodes(broker_factory: BrokerFactory) -> list[Broker]:
+def rabbit_nodes(broker_factory: BrokerNodes) -> list[BrokerNode]:
     """Two independent brokers shared by the session; tests must not inject process faults into them."""
     return broker_factory.start(2)
 
@@ -69,7 +63,7 @@ def _shared_nodes_left_healthy(request: pytest.FixtureRequest) -> Iterator[None]
     yield
     if "rabbit_nodes" not in request.fixturenames:
         return
-    nodes: list[Broker] = request.getfixturevalue("rabbit_nodes")
+    nodes: list[BrokerNode] = request.getfixturevalue("rabbit_nodes")
     broken = [node for node in nodes if not speaks_amqp(node.host, node.port, timeout=5.0)]
     for node in broken:
         if getattr(node, "paused", False):
@@ -81,11 +75,11 @@ def _shared_nodes_left_healthy(request: pytest.FixtureRequest) -> Iterator[None]
 
 
 @pytest.fixture
-def fresh_nodes(broker_factory: BrokerFactory) -> Iterator[Callable[[int], list[Broker]]]:
+def fresh_nodes(broker_factory: BrokerNodes) -> Iterator[Callable[[int], list[BrokerNode]]]:
     """``fresh_nodes(k)`` starts ``k`` dedicated brokers in parallel; killed and deleted at teardown."""
-    started: list[Broker] = []
+    started: list[BrokerNode] = []
 
-    def make(count: int = 1) -> list[Broker]:
+    def make(count: int = 1) -> list[BrokerNode]:
         brokers = broker_factory.start(count)
         started.extend(brokers)
         return brokers
@@ -97,11 +91,11 @@ def fresh_nodes(broker_factory: BrokerFactory) -> Iterator[Callable[[int], list[
 
 
 @pytest.fixture
-def fault_proxy() -> Iterator[Callable[[Broker], ThreadedFaultProxy]]:
+def fault_proxy() -> Iterator[Callable[[BrokerNode], ThreadedFaultProxy]]:
     """``fault_proxy(broker)`` returns a started proxy in front of ``broker``; all are closed at teardown."""
     proxies: list[ThreadedFaultProxy] = []
 
-    def make(broker: Broker) -> ThreadedFaultProxy:
+    def make(broker: BrokerNode) -> ThreadedFaultProxy:
         proxy = ThreadedFaultProxy(broker.host, broker.port)
         proxy.start()
         proxies.append(proxy)

@@ -10,6 +10,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -57,11 +58,11 @@ async def test_a_client_killed_mid_submit_and_resumed_gets_every_outcome_once(
             for i in range(job.submitted, count):
                 await job.submit(i)
             await job.close()
-            values: collections.Counter[object] = collections.Counter()
+            values: collections.Counter[int] = collections.Counter()
             try:
                 async with asyncio.timeout(90):
                     async for outcome in job.results():
-                        values[outcome.value] += 1
+                        values[cast(int, outcome.value)] += 1
             except TimeoutError:
                 info = await client.get_job_info(job_id)
                 missing = sorted(set(range(count)) - set(values))
@@ -149,7 +150,7 @@ async def test_an_on_result_callback_that_raises_does_not_lose_its_outcome(
             assert 7 not in taken
             job.on_result(lambda outcome: taken.append(outcome.value))
             await asyncio.wait_for(job.wait(), 60)
-    assert sorted(taken) == list(range(20))  # 7 came again; nothing twice
+    assert sorted(cast(list[int], taken)) == list(range(20))  # 7 came again; nothing twice
 
 
 async def test_map_over_10000_items_is_ordered_and_keeps_a_bounded_window(

@@ -16,8 +16,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import FRAME, JobQueues, dump_logs, eventually, job_slots, scripted
 
+from tests.integration.test_daemon_harness import FRAME, JobQueues, dump_logs, eventually, job_slots, scripted
 from truba.pipes.frame import FrameLimits
 from truba.pipes.stacks import send_stack
 from truba.wire import TaskCodec, TaskMessage
@@ -81,7 +81,7 @@ async def test_a_slot_killed_mid_task_spends_one_attempt_and_every_task_has_one_
         await eventually(lambda: _pid_of(tmp_path, "victim"), what="victim running")
         pid = _pid_of(tmp_path, "victim")
         assert pid in daemon.slot_pids()
-        os.kill(pid, signal.SIGKILL)  # type: ignore[arg-type]
+        os.kill(pid, signal.SIGKILL)
         await job.collect([t.task_id for t in tasks], timeout=20, linger=0.3)
         logs = dump_logs(tmp_path)
         assert job.duplicates() == 0, logs

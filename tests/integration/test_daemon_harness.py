@@ -30,6 +30,7 @@ import msgpack
 import pika
 
 from tests import waiting
+from truba.pipes.base import Listener
 from truba.pipes.broker import QueueSpec
 from truba.pipes.frame import FrameLimits
 from truba.pipes.prefetch import Window
@@ -103,6 +104,20 @@ class ScriptedScheduler(daemons_pb2_grpc.DaemonServiceServicer):
         session = self._sessions.get(daemon_id)
         if session is not None:
             session.outbox.put_nowait(message)
+
+    async def ListDaemons(  # noqa: N802 - the gRPC method name
+        self,
+        request: daemons_pb2.ListDaemonsRequest,
+        context: grpc.aio.ServicerContext[daemons_pb2.ListDaemonsRequest, daemons_pb2.ListDaemonsResponse],
+    ) -> daemons_pb2.ListDaemonsResponse:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the scripted scheduler lists no daemons")
+
+    async def DrainDaemon(  # noqa: N802 - the gRPC method name
+        self,
+        request: daemons_pb2.DrainDaemonRequest,
+        context: grpc.aio.ServicerContext[daemons_pb2.DrainDaemonRequest, daemons_pb2.DaemonInfo],
+    ) -> daemons_pb2.DaemonInfo:
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "the scripted scheduler drains by script only")
 
     async def Connect(  # noqa: N802 - the gRPC method name
         self,
@@ -263,7 +278,7 @@ class JobQueues:
         self._sender = send_stack(
             TaskCodec(), self.links, self.tasks, role="test-tasks", frames=limits
         ).sender
-        self._listener = None
+        self._listener: Listener[ResultMessage] | None = None
 
     def specs(self) -> list[QueueSpec]:
         return [
@@ -367,7 +382,7 @@ class JobQueues:
             try:
                 channel = connection.channel()
                 for name in totals:
-                    totals[name] += channel.queue_declare(name, passive=True).method.message_count
+                    totals[name] += channel.queue_declare(name, passive=True).method.message_count or 0
             finally:
                 connection.close()
         return totals
@@ -378,7 +393,9 @@ class JobQueues:
         for url in self.urls:
             connection = pika.BlockingConnection(pika.URLParameters(url))
             try:
-                total += connection.channel().queue_declare(self.tasks, passive=True).method.consumer_count
+                total += (
+                    connection.channel().queue_declare(self.tasks, passive=True).method.consumer_count or 0
+                )
             finally:
                 connection.close()
         return total

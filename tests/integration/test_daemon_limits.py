@@ -10,11 +10,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import pytest
-from test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
 
-from truba.wire import GaveUpCodec, TaskCodec, TaskMessage
+from tests.integration.test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
+from truba.wire import ErrorInfo, GaveUpCodec, GaveUpRecord, TaskCodec, TaskMessage
 
 pytestmark = pytest.mark.integration
 
@@ -74,17 +75,15 @@ async def test_a_task_past_its_timeout_is_killed_on_time_retried_then_given_up(
         assert log.count('"daemon.task.timed_out"') == 3 and '"daemon.task.gave_up"' in log
 
 
-def _record(fields: dict[str, object]):  # type: ignore[no-untyped-def]
-    from truba.wire import ErrorInfo, GaveUpRecord
-
+def _record(fields: dict[str, object]) -> GaveUpRecord:
     error = fields["error"]
     assert isinstance(error, list)
     return GaveUpRecord(
         str(fields["task_id"]),
-        int(fields["attempts"]),
+        int(cast(int, fields["attempts"])),
         ErrorInfo(*error),
         str(fields["daemon_id"]),
-        fields["body"],  # type: ignore[arg-type, call-overload]
+        cast(bytes, fields["body"]),
     )
 
 
@@ -103,8 +102,8 @@ async def test_a_leaking_handler_is_recycled_before_its_hard_limit_and_the_job_c
         assert all(o.ok and o.attempts == 1 for o in outcomes), dump_logs(tmp_path)
         # Kept memory grows 40 MiB per task and starts over when the slot is replaced: never
         # past the soft limit by more than one task, so the hard limit is never reached.
-        kept = [o.value for o in outcomes]
-        assert max(kept) <= 160 and kept.count(40) >= 3, kept  # type: ignore[type-var]
+        kept = [cast(int, o.value) for o in outcomes]
+        assert max(kept) <= 160 and kept.count(40) >= 3, kept
         assert log.count('"daemon.slot.recycled"') >= 3 and '"memory"' in log
         assert "daemon.task.out_of_memory" not in log
 

@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
 
+from tests.integration.test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
 from truba.pipes import base
 from truba.wire import TaskMessage
 

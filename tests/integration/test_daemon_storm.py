@@ -35,8 +35,15 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import JobQueues, ScriptedScheduler, dump_logs, eventually, job_slots, scripted
 
+from tests.integration.test_daemon_harness import (
+    JobQueues,
+    ScriptedScheduler,
+    dump_logs,
+    eventually,
+    job_slots,
+    scripted,
+)
 from truba.wire import TaskMessage
 
 pytestmark = pytest.mark.integration

@@ -6,12 +6,14 @@ import collections
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pika
 import pytest
 
 import truba
 from tests.integration.processes import Cluster, queues_of
+from truba.proto.v1 import jobs_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +54,7 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     ]
     # Both daemons worked on it.
     assert len({o.daemon_id for o in outcomes}) == 2
-    assert info.state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED
+    assert info.state == jobs_pb2.JOB_STATE_FINISHED
     assert queues_of(job.id, rabbit_nodes) == []
 
 
@@ -123,10 +125,10 @@ def test_garbage_in_a_task_queue_is_dead_lettered_and_the_daemons_keep_serving(
         dead = _wait_for(lambda: sum(b.list_queues().get(info.queues.dead, 0) for b in rabbit_nodes) == 2)  # type: ignore[attr-defined]
         assert dead, "the garbage did not reach the dead-letter queue"
         records = _take_all(rabbit_nodes, info.queues.dead)
-        assert sorted(r["body"] for r in records) == sorted(
+        assert sorted(cast(bytes, r["body"]) for r in records) == sorted(
             [b"\xc1\xc1 not msgpack", b'{"json": "is not a truba task"}']
         )
-        assert all(r["kind"] == "poison" and "task:" in r["error"] for r in records), records
+        assert all(r["kind"] == "poison" and "task:" in cast(str, r["error"]) for r in records), records
         outcomes = list(job.map(["a", "b", "c"]))
     assert [o.value for o in outcomes] == ["a", "b", "c"]
     assert all(d.alive() for d in cluster.daemons)
@@ -181,7 +183,7 @@ def test_daemons_reconnect_after_the_scheduler_is_killed_and_the_job_completes(c
                 cluster.local.start_scheduler(urls, cluster.address, "--heartbeat-interval", "0.5")
                 restarted = True
         assert restarted and received == total
-        assert client.get_job_info(job.id).state == truba.client.client.jobs_pb2.JOB_STATE_FINISHED
+        assert client.get_job_info(job.id).state == jobs_pb2.JOB_STATE_FINISHED
     cluster.local.wait_for_daemons(2, timeout=30)
     for daemon in cluster.daemons:
         log = daemon.log()

@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
 
+from tests.integration.test_daemon_harness import JobQueues, dump_logs, eventually, job_slots, scripted
 from truba.wire import TaskMessage
 
 pytestmark = pytest.mark.integration

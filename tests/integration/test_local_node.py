@@ -18,14 +18,14 @@ import aio_pika
 import pika
 import pika.exceptions
 import pytest
-from brokers import Broker, amqp_url
 
+from tests.integration.brokers import BrokerNode, amqp_url
 from truba.local import LocalRabbitNode, NodeStartError, ThreadedFaultProxy
 from truba.local.probe import speaks_amqp
 
 pytestmark = pytest.mark.integration
 
-FreshNodes = Callable[[int], list[Broker]]
+FreshNodes = Callable[[int], list[BrokerNode]]
 PERSISTENT = pika.BasicProperties(delivery_mode=2)
 
 
@@ -61,7 +61,7 @@ def get_one(url: str, queue: str) -> bytes | None:
 
 
 def test_two_nodes_are_independent_brokers(
-    rabbit_nodes: list[Broker], request: pytest.FixtureRequest
+    rabbit_nodes: list[BrokerNode], request: pytest.FixtureRequest
 ) -> None:
     first, second = rabbit_nodes
     assert first.port != second.port
@@ -79,7 +79,7 @@ def test_two_nodes_are_independent_brokers(
             ch.queue_delete(queue)
 
 
-def test_list_queues_counts_messages(rabbit_nodes: list[Broker], request: pytest.FixtureRequest) -> None:
+def test_list_queues_counts_messages(rabbit_nodes: list[BrokerNode], request: pytest.FixtureRequest) -> None:
     node = rabbit_nodes[1]
     empty, full = f"{request.node.name}-empty", f"{request.node.name}-full"
     with channel(node.url) as ch:
@@ -153,8 +153,8 @@ async def test_memory_alarm_blocks_publishers_until_cleared(fresh_nodes: FreshNo
 
 
 def test_fault_proxy_cut_breaks_a_live_connection(
-    rabbit_nodes: list[Broker],
-    fault_proxy: Callable[[Broker], ThreadedFaultProxy],
+    rabbit_nodes: list[BrokerNode],
+    fault_proxy: Callable[[BrokerNode], ThreadedFaultProxy],
     request: pytest.FixtureRequest,
 ) -> None:
     node = rabbit_nodes[0]

@@ -13,8 +13,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
-from brokers import Broker, amqp_url
 
+from tests.integration.brokers import BrokerNode, amqp_url
 from truba.pipes.base import Confirmation, Sender
 from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import MessageRejected
@@ -97,7 +97,7 @@ async def _send_all(
 
 
 async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
-    fresh_nodes: Callable[[int], list[Broker]], links_factory: Callable[[list[str]], list[RabbitBroker]]
+    fresh_nodes: Callable[[int], list[BrokerNode]], links_factory: Callable[[list[str]], list[RabbitBroker]]
 ) -> None:
     a, b = await asyncio.to_thread(fresh_nodes, 2)
     queue = "truba.test.kill9"
@@ -145,7 +145,7 @@ async def test_kill_9_of_one_broker_mid_stream_loses_nothing(
     await sender.close()
 
 
-async def _settled_count(broker: Broker, queue: str) -> int:
+async def _settled_count(broker: BrokerNode, queue: str) -> int:
     """Messages in ``queue`` once two counts half a second apart agree (10 s at most)."""
     count = dict(await asyncio.to_thread(broker.list_queues)).get(queue, 0)
     for _ in range(20):
@@ -157,15 +157,15 @@ async def _settled_count(broker: Broker, queue: str) -> int:
     return count
 
 
-def _speaks(broker: Broker) -> bool:
+def _speaks(broker: BrokerNode) -> bool:
     from truba.local.probe import speaks_amqp
 
     return speaks_amqp(broker.host, broker.port, timeout=2.0)
 
 
 async def test_a_stalled_link_is_detected_and_its_messages_go_out_through_the_other_broker(
-    fresh_nodes: Callable[[int], list[Broker]],
-    fault_proxy: Callable[[Broker], object],
+    fresh_nodes: Callable[[int], list[BrokerNode]],
+    fault_proxy: Callable[[BrokerNode], object],
     links_factory: Callable[[list[str]], list[RabbitBroker]],
 ) -> None:
     a, b = await asyncio.to_thread(fresh_nodes, 2)
@@ -194,7 +194,7 @@ async def test_a_stalled_link_is_detected_and_its_messages_go_out_through_the_ot
 
 
 async def test_a_memory_alarm_bounds_sends_moves_traffic_and_traffic_resumes_after(
-    fresh_nodes: Callable[[int], list[Broker]], links_factory: Callable[[list[str]], list[RabbitBroker]]
+    fresh_nodes: Callable[[int], list[BrokerNode]], links_factory: Callable[[list[str]], list[RabbitBroker]]
 ) -> None:
     a, b = await asyncio.to_thread(fresh_nodes, 2)
     queue = "truba.test.alarm"
@@ -233,7 +233,7 @@ async def test_a_memory_alarm_bounds_sends_moves_traffic_and_traffic_resumes_aft
 
 
 async def test_a_message_to_a_deleted_queue_comes_back_returned_and_stays_held(
-    rabbit_nodes: list[Broker], links_factory: Callable[[list[str]], list[RabbitBroker]]
+    rabbit_nodes: list[BrokerNode], links_factory: Callable[[list[str]], list[RabbitBroker]]
 ) -> None:
     queue = "truba.test.deleted"
     urls = [node.url for node in rabbit_nodes]
@@ -254,7 +254,7 @@ async def test_a_message_to_a_deleted_queue_comes_back_returned_and_stays_held(
 
 
 async def test_a_stack_given_the_queue_spec_declares_it_again_when_a_broker_lost_it(
-    rabbit_nodes: list[Broker], links_factory: Callable[[list[str]], list[RabbitBroker]]
+    rabbit_nodes: list[BrokerNode], links_factory: Callable[[list[str]], list[RabbitBroker]]
 ) -> None:
     # A broker whose data was wiped has no queue: the sender's leaf re-declares it after the
     # first return, and the messages, still held, go through when sent again.
@@ -280,7 +280,7 @@ async def test_a_stack_given_the_queue_spec_declares_it_again_when_a_broker_lost
     # A listener given the spec creates a missing queue (on a broker that got nothing since)
     # instead of failing with NOT_FOUND, and every message sent is there.
     listener = listen_stack(IntCodec(), links, spec, Window(50)).listener
-    seen = set()
+    seen: set[int] = set()
     while len(seen) < 10:
         delivery = await listener.get(10)
         assert delivery is not None, f"missing {sorted(set(range(20, 30)) - seen)}"

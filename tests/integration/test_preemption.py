@@ -8,6 +8,7 @@ import asyncio
 import collections
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -41,10 +42,10 @@ async def test_an_important_job_gets_its_share_in_time_and_nothing_is_lost(
             for _ in range(6):  # a backlog: a runner may hold one task per broker it is not running yet
                 await high.submit(1.5)
             await high.close()
-            starts = sorted([o.result() async for o in high.results()])  # type: ignore[misc]
+            starts = sorted([cast(float, o.result()) async for o in high.results()])
             low_outcomes = collections.Counter([o.task_id async for o in low.results()])
         # Then it runs on its three slots within the bound
-        waited = [float(s) - began for s in starts[:3]]  # type: ignore[arg-type]
+        waited = [s - began for s in starts[:3]]
         print(f"{mode}: high job's tasks started after {', '.join(f'{w:.2f}' for w in waited)} s")
         bound = 1.0 if mode == "immediate" else LOW_TASK + 1.0
         assert max(waited) <= bound

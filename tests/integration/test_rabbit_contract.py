@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from brokers import Broker, amqp_url
 
+from tests.integration.brokers import BrokerNode, amqp_url
 from tests.unit.pipes.contract import (
     ListenerCheck,
     ListenerFactory,
@@ -55,8 +55,8 @@ CONFIRM_TIMEOUT = 10.0
 class Rig:
     """What every harness of one test shares: the broker, the proxy factory, a connection name."""
 
-    node: Broker
-    fault_proxy: Callable[[Broker], ThreadedFaultProxy]
+    node: BrokerNode
+    fault_proxy: Callable[[BrokerNode], ThreadedFaultProxy]
     name: str
 
     def queue(self) -> str:
@@ -305,8 +305,8 @@ def _cases(checks: Callable[..., dict[str, Any]], xfail: dict[tuple[str, str], s
 async def test_rabbit_sender_contract(
     impl: Impl,
     check: SenderCheck,
-    rabbit_nodes: list[Broker],
-    fault_proxy: Callable[[Broker], ThreadedFaultProxy],
+    rabbit_nodes: list[BrokerNode],
+    fault_proxy: Callable[[BrokerNode], ThreadedFaultProxy],
     request: pytest.FixtureRequest,
 ) -> None:
     rig = Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid)
@@ -317,8 +317,8 @@ async def test_rabbit_sender_contract(
 async def test_rabbit_listener_contract(
     impl: Impl,
     check: ListenerCheck,
-    rabbit_nodes: list[Broker],
-    fault_proxy: Callable[[Broker], ThreadedFaultProxy],
+    rabbit_nodes: list[BrokerNode],
+    fault_proxy: Callable[[BrokerNode], ThreadedFaultProxy],
     request: pytest.FixtureRequest,
 ) -> None:
     rig = Rig(rabbit_nodes[0], fault_proxy, request.node.nodeid)

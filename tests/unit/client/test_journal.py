@@ -133,8 +133,9 @@ async def test_one_owner_per_journal(tmp_path: Path) -> None:
     journal = Journal.open(tmp_path / "j")
     with pytest.raises(SpoolLocked):
         Journal.open(tmp_path / "j")
+    await journal.record("t", b"x")
     with pytest.raises(ValueError, match="already"):
-        await journal.record("t", b"x") or await journal.record("t", b"x")
+        await journal.record("t", b"x")
     await journal.close()
     await journal.close()  # idempotent
     Journal.open(tmp_path / "j").close_now()

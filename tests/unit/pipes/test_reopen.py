@@ -57,7 +57,7 @@ async def test_the_first_connect_error_goes_to_the_caller() -> None:
         await sender.send("m")
     assert sender.state is State.IDLE
     await sender.send("m")  # the next call connects
-    assert sender.state is State.CONNECTED and connector.senders[0].sent == ["m"]
+    assert (sender.state, connector.senders[0].sent) == (State.CONNECTED, ["m"])
 
 
 async def test_a_break_reopens_and_resends_unconfirmed_with_the_same_confirmations() -> None:

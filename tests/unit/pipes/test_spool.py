@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from truba.pipes import spool_format, spool_log
+from truba.pipes import spool_files, spool_format, spool_log
 from truba.pipes.base import Confirmation
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed
 from truba.pipes.spool import FsyncPolicy, SpoolError, SpoolFull, SpoolLocked, SpoolSender, spool
@@ -58,7 +58,7 @@ class Recording:
 def events(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bytes]]:
     """Records every record write and every fdatasync the spool makes, in order."""
     happened: list[tuple[str, bytes]] = []
-    write_all, fdatasync = spool_log.write_all, os.fdatasync
+    write_all, fdatasync = spool_files.write_all, os.fdatasync
 
     def recording_write(fd: int, *parts: bytes) -> None:
         write_all(fd, *parts)
@@ -267,7 +267,7 @@ async def test_a_full_disk_is_a_clear_error_and_nothing_is_sent_or_dropped(
     inner: FakeSender[bytes] = FakeSender()
     sender = await SpoolSender.open(inner, tmp_path)
     await sender.send(b"before")
-    real_write = spool_log.write_all
+    real_write = spool_files.write_all
 
     def half_then_enospc(fd: int, *parts: bytes) -> None:
         os.write(fd, b"".join(parts)[:5])  # a short write, then the disk is full
