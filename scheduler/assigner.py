@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, final
+from typing import Final, Protocol, final
 
 import grpc
 
@@ -39,6 +39,19 @@ DEMAND_REPLAN_DELAY: Final = 0.5
 """Seconds a change of demand may wait for the next plan (coalescing reports)."""
 
 
+class PlanObserver(Protocol):
+    """What the assigner tells its observer (the scheduler's metrics) about each plan."""
+
+    def planned(self, seconds: float, live_jobs: Sequence[str]) -> None:
+        """A plan took ``seconds``; ``live_jobs`` are the runnable jobs it covered."""
+
+    def revoked(self, job_id: str, slots: int, *, preempted: bool) -> None:
+        """The plan took ``slots`` from runnable job ``job_id``; ``preempted``: it still had work."""
+
+    def pushed(self) -> None:
+        """An assignment went to a daemon."""
+
+
 @final
 class Assigner:
     """Plans slots over the connected daemons and pushes each daemon its share.
@@ -49,6 +62,7 @@ class Assigner:
         heartbeat_interval: seconds between the heartbeats daemons are asked for.
         clock: monotonic time, injectable for tests.
         first_version: the version counter's start; defaults to the wall clock in ms.
+        observer: told about each plan (its time, the slots it took from jobs, pushes).
     """
 
     def __init__(
@@ -63,8 +77,10 @@ class Assigner:
         first_version: int | None = None,
         policy: Policy | None = None,
         event_delay: float = REPLAN_DELAY,
+        observer: PlanObserver | None = None,
     ) -> None:
         self.event_delay = event_delay
+        self._observer = observer
         self._policy = policy or Policy()
         self._registry = registry
         self._jobs = jobs
@@ -233,14 +249,12 @@ class Assigner:
         capacities = [
             s.info.capacity if not s.draining else Capacity(s.daemon_id, 0, s.info.allow) for s in sessions
         ]
-        result = plan(
-            capacities,
-            [self._spec(job) for job in jobs.values()],
-            current,
-            now=now,
-            given_at=self._given_at,
-            policy=self._policy,
-        )
+        specs = [self._spec(job) for job in jobs.values()]
+        started = time.perf_counter()
+        result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
+        if self._observer is not None:
+            self._observer.planned(time.perf_counter() - started, list(jobs))
+            _observe_revocations(self._observer, current, result.assignment, specs)
         for pair in gains(current, result.assignment):
             self._given_at[pair] = now
         self._plan = result.assignment
@@ -286,6 +300,8 @@ class Assigner:
         if jobs is None:
             jobs = {job.id: job for job in self._jobs() if job.id in share}
         session.send(assignment_pb(version, share, jobs))
+        if self._observer is not None:
+            self._observer.pushed()
         session.held = share
         session.version = version
         session.sent_at = self._clock()
@@ -337,3 +353,19 @@ class Assigner:
     def _patterns(self) -> str:
         patterns = sorted({p for s in self._registry for p in s.info.allow})
         return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"
+
+
+def _observe_revocations(
+    observer: PlanObserver, before: Assignment, after: Assignment, specs: Sequence[JobSpec]
+) -> None:
+    """Tells ``observer`` the slots each runnable job lost from ``before`` to ``after``: preempted
+    when the job's demand (unknown counts as unbounded) exceeds what it keeps, released otherwise."""
+    kept = job_totals(after)
+    for spec in specs:
+        lost = sum(
+            max(0, held.get(spec.id, 0) - after.get(daemon_id, {}).get(spec.id, 0))
+            for daemon_id, held in before.items()
+        )
+        if lost:
+            preempted = spec.demand is None or spec.demand > kept.get(spec.id, 0)
+            observer.revoked(spec.id, lost, preempted=preempted)

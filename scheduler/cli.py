@@ -1,7 +1,8 @@
 """``truba scheduler``: run the scheduler until SIGINT or SIGTERM.
 
 Once serving it prints one line to stdout, ``truba scheduler listening on HOST:PORT``, so that
-wrappers (``truba up``, tests, init scripts) can wait for it; logs go to stderr.
+wrappers (``truba up``, tests, init scripts) can wait for it, then ``truba scheduler http on
+http://HOST:PORT/`` when HTTP is on; logs go to stderr.
 """
 
 from __future__ import annotations
@@ -43,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=DEFAULT_LISTEN,
         metavar="HOST:PORT",
         help=f"address to serve on; port 0 picks a free one (default: {DEFAULT_LISTEN})",
+    )
+    parser.add_argument(
+        "--http",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus /metrics and the JSON API here; 'off' serves none (default: the"
+        " --listen host, its port + 1, e.g. 127.0.0.1:50052; a free port when --listen's is 0)",
     )
     parser.add_argument(
         "--broker",
@@ -105,12 +113,23 @@ def main(args: argparse.Namespace) -> int:
             token=_token(args.token_file),
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
+            http=http_address(args.http, args.listen),
         )
     except (ValueError, OSError) as exc:
         log.error("sched.bad_args", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 2
     return asyncio.run(_serve(config))
+
+
+def http_address(given: str | None, listen: str) -> str | None:
+    """``--http`` as given (``off``: None), else the listen host with its port + 1 (0 stays 0)."""
+    if given is not None:
+        return None if given == "off" else given
+    host, _, port = listen.rpartition(":")
+    if not port.isdigit():
+        return None  # SchedulerConfig says what is wrong with --listen
+    return f"{host}:{int(port) + 1 if int(port) else 0}"
 
 
 def _token(path: Path | None) -> str | None:
@@ -138,6 +157,8 @@ async def _serve(config: SchedulerConfig) -> int:
         loop.add_signal_handler(signum, stop.set)
     try:
         print(f"truba scheduler listening on {scheduler.address}", flush=True)
+        if scheduler.http_address is not None:
+            print(f"truba scheduler http on http://{scheduler.http_address}/", flush=True)
         await stop.wait()
         log.info("sched.stopping", extra={"grace": STOP_GRACE})
     finally:

@@ -33,6 +33,7 @@ from truba.scheduler.convert import welcome_pb
 from truba.scheduler.errors import InvalidArgument, SchedulerError
 from truba.scheduler.registry import DaemonInfo, DaemonSession
 from truba.scheduler.validate import check_daemon_id, check_slots
+from truba.scheduler.view import daemon_pb
 
 log = logging.getLogger(__name__)
 
@@ -99,20 +100,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         return self._info_pb(session)
 
     def _info_pb(self, session: DaemonSession) -> daemons_pb2.DaemonInfo:
-        info = session.info
-        age = self._clock() - session.last_seen
-        return daemons_pb2.DaemonInfo(
-            daemon_id=info.daemon_id,
-            hostname=info.hostname,
-            pid=info.pid,
-            slots=info.slots,
-            allow=info.allow,
-            version=info.version,
-            assigned=[daemons_pb2.JobSlots(job_id=j, slots=n) for j, n in session.held.items()],
-            stats=session.stats,
-            draining=session.draining,
-            last_seen=time.time() - age,
-        )
+        return daemon_pb(session, self._clock)
 
     async def _hello(self, requests: AsyncIterator[daemons_pb2.DaemonMessage]) -> DaemonSession:
         timeout = MISSED_HEARTBEATS * self._assigner.heartbeat_interval

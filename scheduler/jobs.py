@@ -18,11 +18,12 @@ import grpc.aio
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.brokers import BrokerInfo
-from truba.scheduler.convert import brokers_pb, job_pb
+from truba.scheduler.convert import brokers_pb
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.events import EventKind
 from truba.scheduler.lifecycle import JobLifecycle
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job
+from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +76,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         self._jobs = lifecycle
         self._assigner = assigner
         self._brokers = tuple(brokers)
+        self._view = ClusterView(lifecycle, assigner)
 
     def _pb(self, job: Job) -> jobs_pb2.Job:
-        closed = job.submitted if job.state is not JobState.OPEN else 0
-        return job_pb(
-            job,
-            assigned_slots=self._assigner.slots_of(job.id),
-            problem=self._assigner.problem_of(job),
-            counts=self._jobs.counters.counts(job.id, closed),
-            fair_share=self._assigner.fair_share_of(job.id),
-        )
+        return self._view.job_pb(job)
 
     @reports_errors
     async def CreateJob(

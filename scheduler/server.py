@@ -30,14 +30,18 @@ from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grp
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
+from truba.scheduler.call_metrics import CallCounter
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
 from truba.scheduler.events import JobEvents
+from truba.scheduler.http_api import HttpServer, build_app
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, JobLifecycle
+from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
 
 log = logging.getLogger(__name__)
@@ -69,6 +73,8 @@ class SchedulerConfig:
             ``consumer_timeout``); jobs with a longer task timeout are refused.
         token: when set, every call but health checks must carry ``authorization: Bearer <token>``.
         tls_cert, tls_key: PEM files; when both are set the scheduler serves TLS only.
+        http: ``HOST:PORT`` for metrics and the JSON API (:mod:`truba.scheduler.http_api`);
+            port 0 picks a free port; None serves no HTTP.
     """
 
     brokers: Sequence[str]
@@ -82,6 +88,7 @@ class SchedulerConfig:
     token: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    http: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", tuple(self.brokers))
@@ -98,9 +105,12 @@ class SchedulerConfig:
             raise ValueError("token: must not be empty")
         if not self.consumer_timeout > 0:
             raise ValueError(f"consumer_timeout: must be > 0, got {self.consumer_timeout}")
-        host, colon, port = self.listen.rpartition(":")
-        if not (host and colon and port.isdigit()):
-            raise ValueError(f"listen: must look like HOST:PORT, got {self.listen!r}")
+        for name, address in (("listen", self.listen), ("http", self.http)):
+            if address is None:
+                continue
+            host, colon, port = address.rpartition(":")
+            if not (host and colon and port.isdigit()):
+                raise ValueError(f"{name}: must look like HOST:PORT, got {address!r}")
 
 
 @final
@@ -120,6 +130,8 @@ class Scheduler:
         self._health = health_aio.HealthServicer()
         self._grace: float | None = 5.0
         self._started = False
+        self._http: HttpServer | None = None
+        self.metrics = SchedulerMetrics()
 
     @property
     def port(self) -> int:
@@ -132,6 +144,11 @@ class Scheduler:
     def address(self) -> str:
         """``HOST:PORT`` being served, for clients and daemons."""
         return f"{self.config.listen.rpartition(':')[0]}:{self.port}"
+
+    @property
+    def http_address(self) -> str | None:
+        """``HOST:PORT`` of the HTTP face (metrics, JSON API), or None when it is off."""
+        return self._http.address if self._http is not None else None
 
     async def start(self) -> None:
         """Binds, starts serving and returns; stops what it opened if that fails."""
@@ -165,6 +182,7 @@ class Scheduler:
             heartbeat_interval=config.heartbeat_interval,
             counters=counters,
             events=events,
+            observer=self.metrics,
         )
         lifecycle = JobLifecycle(
             store,
@@ -181,7 +199,10 @@ class Scheduler:
         # share its traffic instead of failing to bind.
         server = grpc.aio.server(
             options=[("grpc.so_reuseport", 0), *config.grpc_options],
-            interceptors=[TokenAuth(config.token)] if config.token else None,
+            interceptors=[
+                CallCounter(self.metrics.grpc_calls),
+                *([TokenAuth(config.token)] if config.token else []),
+            ],
         )
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobServicer(lifecycle, assigner, brokers.infos), server
@@ -196,6 +217,14 @@ class Scheduler:
         await server.start()
         stack.push_async_callback(self._stop_server, server)
 
+        view = ClusterView(lifecycle, assigner)
+        self.metrics.watch(view)
+        if config.http is not None:
+            http = HttpServer(build_app(view, self.metrics, token=config.token), config.http)
+            await http.start()
+            stack.push_async_callback(http.close)
+            self._http = http
+
         for service in ("", *SERVICES):
             await self._health.set(service, health_pb2.HealthCheckResponse.SERVING)
         runnable = store.list()
@@ -209,6 +238,7 @@ class Scheduler:
             "sched.started",
             extra={
                 "listen": self.address,
+                "http": self.http_address,
                 "brokers": [redact(url) for url in config.brokers],
                 "state_dir": str(config.state_dir),
                 "jobs": len(runnable),

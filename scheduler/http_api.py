@@ -1,0 +1,145 @@
+"""The scheduler's HTTP face: Prometheus metrics and a read-only JSON API.
+
+``truba scheduler --http HOST:PORT`` serves (loopback by default; read-only, so the worst an
+exposed port does is tell what runs):
+
+- ``GET /metrics``: Prometheus text format (:mod:`truba.scheduler.metrics`);
+- ``GET /api/v1/jobs`` (``?all=1`` includes ended jobs), ``GET /api/v1/jobs/{id}``,
+  ``GET /api/v1/daemons``: the same messages as the gRPC API, as JSON (protobuf's JSON mapping,
+  field names as in the ``.proto`` files);
+- ``GET /healthz``: ``ok`` while the scheduler serves.
+
+With a bearer token configured, every path but ``/healthz`` requires
+``Authorization: Bearer <token>`` (401 otherwise), as gRPC does; Prometheus sends one with
+``authorization: {credentials_file: ...}`` in its scrape config.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, final
+
+import grpc
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+from google.protobuf import json_format
+from google.protobuf.message import Message
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from truba.scheduler.errors import SchedulerError
+from truba.scheduler.metrics import SchedulerMetrics
+from truba.scheduler.view import ClusterView
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS: Final = frozenset({"/healthz"})
+HTTP_STATUS: Final = {
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.FAILED_PRECONDITION: 409,
+    grpc.StatusCode.UNAVAILABLE: 503,
+}
+"""A refusal's HTTP status by its gRPC code (anything else is a 500)."""
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json(message: Message) -> dict[str, Any]:
+    return json_format.MessageToDict(message, preserving_proto_field_name=True)
+
+
+def build_app(view: ClusterView, metrics: SchedulerMetrics, *, token: str | None = None) -> web.Application:
+    """The HTTP application over ``view`` and ``metrics``."""
+    middlewares: list[Middleware] = [_bearer(token)] if token else []
+    app = web.Application(middlewares=middlewares)
+
+    async def scrape(request: web.Request) -> web.Response:
+        body = generate_latest(metrics.registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def jobs(request: web.Request) -> web.Response:
+        include_done = request.query.get("all", "") not in ("", "0", "false")
+        return web.json_response({"jobs": [_json(job) for job in view.jobs(include_done=include_done)]})
+
+    async def job(request: web.Request) -> web.Response:
+        try:
+            found = view.job(request.match_info["job_id"])
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        return web.json_response(_json(found))
+
+    async def daemons(request: web.Request) -> web.Response:
+        return web.json_response({"daemons": [_json(daemon) for daemon in view.daemons()]})
+
+    async def health(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/api/v1/jobs", jobs)
+    app.router.add_get("/api/v1/jobs/{job_id}", job)
+    app.router.add_get("/api/v1/daemons", daemons)
+    app.router.add_get("/healthz", health)
+    return app
+
+
+def _bearer(token: str) -> Middleware:
+    expected = f"Bearer {token}".encode()
+
+    @web.middleware
+    async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path not in OPEN_PATHS:
+            given = request.headers.get("Authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                log.warning("sched.http.refused", extra={"path": request.path, "peer": request.remote})
+                return web.json_response(
+                    {"error": "a valid 'Authorization: Bearer <token>' is required"},
+                    status=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        return await handler(request)
+
+    return check
+
+
+@final
+class HttpServer:
+    """Serves :func:`build_app` on ``HOST:PORT`` (port 0 picks a free one) until closed."""
+
+    def __init__(self, app: web.Application, listen: str) -> None:
+        host, colon, port = listen.rpartition(":")
+        if not (host and colon and port.isdigit()):
+            raise ValueError(f"http: must look like HOST:PORT, got {listen!r}")
+        self._app = app
+        self._host = host.strip("[]")
+        self._port = int(port)
+        self._runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        """Binds and serves; raises ``RuntimeError`` naming the address when it cannot bind."""
+        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self._host, self._port, reuse_port=False)
+        try:
+            await site.start()
+        except OSError as exc:
+            await runner.cleanup()
+            raise RuntimeError(
+                f"cannot serve http on {self._host}:{self._port}: {exc.strerror or exc}"
+            ) from None
+        self._runner = runner
+        sockets = [s for s in runner.addresses if isinstance(s, tuple)]
+        self.port = int(sockets[0][1]) if sockets else self._port
+        log.info("sched.http.started", extra={"listen": self.address})
+
+    @property
+    def address(self) -> str:
+        """``HOST:PORT`` being served."""
+        return f"{self._host}:{self.port}"
+
+    async def close(self) -> None:
+        """Stops serving. Idempotent."""
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
