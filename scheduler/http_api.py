@@ -3,20 +3,26 @@
 ``truba scheduler --http HOST:PORT`` serves (loopback by default; read-only, so the worst an
 exposed port does is tell what runs):
 
+- ``GET /``: the dashboard (``static/``: a page, a script and a style sheet, nothing fetched
+  from elsewhere), which polls the JSON API below every second;
 - ``GET /metrics``: Prometheus text format (:mod:`truba.scheduler.metrics`);
 - ``GET /api/v1/jobs`` (``?all=1`` includes ended jobs), ``GET /api/v1/jobs/{id}``,
   ``GET /api/v1/daemons``: the same messages as the gRPC API, as JSON (protobuf's JSON mapping,
   field names as in the ``.proto`` files);
+- ``GET /api/v1/history`` (every job) and ``GET /api/v1/jobs/{id}/history``: each job's numbers
+  over its last minutes (:mod:`truba.scheduler.history`);
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
-With a bearer token configured, every path but ``/healthz`` requires
-``Authorization: Bearer <token>`` (401 otherwise), as gRPC does; Prometheus sends one with
-``authorization: {credentials_file: ...}`` in its scrape config.
+With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
+requires ``Authorization: Bearer <token>`` (401 otherwise), as gRPC does; Prometheus sends one
+with ``authorization: {credentials_file: ...}`` in its scrape config, and the dashboard, opened as
+``/#token=SECRET``, keeps it in the browser tab (a URL fragment never reaches the server).
 """
 
 from __future__ import annotations
 
 import hmac
+import importlib.resources
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, final
@@ -29,12 +35,16 @@ from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from truba.scheduler.errors import SchedulerError
+from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
 
-OPEN_PATHS: Final = frozenset({"/healthz"})
+OPEN_PATHS: Final = frozenset({"/healthz", "/"})
+OPEN_PREFIXES: Final = ("/static/",)
+STATIC: Final = importlib.resources.files("truba.scheduler") / "static"
+CONTENT_TYPES: Final = {".html": "text/html", ".js": "text/javascript", ".css": "text/css"}
 HTTP_STATUS: Final = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.NOT_FOUND: 404,
@@ -42,6 +52,8 @@ HTTP_STATUS: Final = {
     grpc.StatusCode.UNAVAILABLE: 503,
 }
 """A refusal's HTTP status by its gRPC code (anything else is a 500)."""
+CSP: Final = "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'"
+"""The dashboard loads nothing from elsewhere, and the browser is told so."""
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
@@ -49,8 +61,10 @@ def _json(message: Message) -> dict[str, Any]:
     return json_format.MessageToDict(message, preserving_proto_field_name=True)
 
 
-def build_app(view: ClusterView, metrics: SchedulerMetrics, *, token: str | None = None) -> web.Application:
-    """The HTTP application over ``view`` and ``metrics``."""
+def build_app(
+    view: ClusterView, metrics: SchedulerMetrics, history: JobHistory, *, token: str | None = None
+) -> web.Application:
+    """The HTTP application over ``view``, ``metrics`` and ``history``."""
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
 
@@ -75,11 +89,34 @@ def build_app(view: ClusterView, metrics: SchedulerMetrics, *, token: str | None
     async def health(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def all_history(request: web.Request) -> web.Response:
+        points = history.all()
+        return web.json_response({job_id: [p.to_json() for p in job] for job_id, job in points.items()})
+
+    async def job_history(request: web.Request) -> web.Response:
+        return web.json_response([p.to_json() for p in history.of(request.match_info["job_id"])])
+
+    async def static(request: web.Request) -> web.Response:
+        name = request.match_info.get("name", "index.html")
+        suffix = "." + name.rpartition(".")[2]
+        resource = STATIC / name
+        if "/" in name or suffix not in CONTENT_TYPES or not resource.is_file():
+            raise web.HTTPNotFound()
+        return web.Response(
+            body=resource.read_bytes(),
+            content_type=CONTENT_TYPES[suffix],
+            headers={"Cache-Control": "no-cache", "Content-Security-Policy": CSP},
+        )
+
     app.router.add_get("/metrics", scrape)
     app.router.add_get("/api/v1/jobs", jobs)
     app.router.add_get("/api/v1/jobs/{job_id}", job)
     app.router.add_get("/api/v1/daemons", daemons)
     app.router.add_get("/healthz", health)
+    app.router.add_get("/api/v1/history", all_history)
+    app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
+    app.router.add_get("/", static)
+    app.router.add_get("/static/{name}", static)
     return app
 
 
@@ -88,7 +125,7 @@ def _bearer(token: str) -> Middleware:
 
     @web.middleware
     async def check(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS:
+        if request.path not in OPEN_PATHS and not request.path.startswith(OPEN_PREFIXES):
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 log.warning("sched.http.refused", extra={"path": request.path, "peer": request.remote})

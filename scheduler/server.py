@@ -34,6 +34,7 @@ from truba.scheduler.call_metrics import CallCounter
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
 from truba.scheduler.events import JobEvents
+from truba.scheduler.history import JobHistory
 from truba.scheduler.http_api import HttpServer, build_app
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
@@ -220,7 +221,9 @@ class Scheduler:
         view = ClusterView(lifecycle, assigner)
         self.metrics.watch(view)
         if config.http is not None:
-            http = HttpServer(build_app(view, self.metrics, token=config.token), config.http)
+            history = JobHistory(view)
+            _background(history.run(), stack, name="job-history")
+            http = HttpServer(build_app(view, self.metrics, history, token=config.token), config.http)
             await http.start()
             stack.push_async_callback(http.close)
             self._http = http

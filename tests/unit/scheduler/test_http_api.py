@@ -50,6 +50,20 @@ async def test_metrics_json_api_and_health_are_served(tmp_path: Path) -> None:
         assert status == 400 and "job_id" in text
 
 
+async def test_the_dashboard_and_its_files_are_served_open_even_with_a_token(tmp_path: Path) -> None:
+    async with Scheduler(config(tmp_path, token="s3cret")) as scheduler:
+        base = f"http://{scheduler.http_address}"
+        status, page = await get(f"{base}/")
+        assert status == 200 and 'src="static/dashboard.js"' in page
+        status, script = await get(f"{base}/static/dashboard.js")
+        assert status == 200 and "api/v1/jobs" in script
+        assert (await get(f"{base}/static/nothing.js"))[0] == 404
+        assert (await get(f"{base}/static/..%2Fhttp_api.py"))[0] == 404
+        # the data behind it is not open
+        assert (await get(f"{base}/api/v1/history"))[0] == 401
+        assert await get(f"{base}/api/v1/history", token="s3cret") == (200, "{}")
+
+
 async def test_grpc_calls_are_counted_by_method_and_code(tmp_path: Path) -> None:
     async with Scheduler(config(tmp_path)) as scheduler:
         async with grpc.aio.insecure_channel(scheduler.address) as channel:
