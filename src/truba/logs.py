@@ -59,12 +59,21 @@ class ContextFilter(logging.Filter):
         return True
 
 
+def iso_time(created: float) -> str:
+    """``created`` (Unix seconds) as ISO 8601 in UTC with microseconds: ``2026-11-25T12:00:00.123456Z``."""
+    seconds = int(created)
+    micros = int(round((created - seconds) * 1_000_000))
+    if micros == 1_000_000:
+        seconds, micros = seconds + 1, 0
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime(seconds))}.{micros:06d}Z"
+
+
 class JsonFormatter(logging.Formatter):
-    """``{"ts": ..., "level": ..., "logger": ..., "event": ..., <fields>}`` per line."""
+    """``{"time": ISO 8601 UTC, "level": ..., "logger": ..., "event": ..., <fields>}`` per line."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, object] = {
-            "ts": round(record.created, 6),
+            "time": iso_time(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "event": record.getMessage(),

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import io
 import json
 import logging
 import sys
+import time
 from collections.abc import Iterator
 
 import pytest
 
-from truba.logs import JsonFormatter, bind, setup
+from truba.logs import JsonFormatter, bind, iso_time, setup
 
 
 @pytest.fixture
@@ -63,3 +65,13 @@ def test_a_record_with_an_error_carries_its_traceback() -> None:
         record.exc_info = sys.exc_info()
     entry = json.loads(JsonFormatter().format(record))
     assert entry["event"] == "failed" and "ValueError: boom" in str(entry["traceback"])
+
+
+def test_times_are_iso_8601_in_utc_with_microseconds(lines: io.StringIO) -> None:
+    logging.getLogger("truba.test").info("now")
+    (entry,) = records(lines)
+    stamp = str(entry["time"])
+    parsed = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    assert stamp.endswith("Z") and parsed.tzinfo == datetime.UTC
+    assert abs(parsed.timestamp() - time.time()) < 60
+    assert iso_time(1764072000.9999996) == "2025-11-25T12:00:01.000000Z"
