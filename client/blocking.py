@@ -156,7 +156,12 @@ class BlockingClient:
         self.close()
 
     def create_job(
-        self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
+        self,
+        handler: str | Callable[..., object],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
     ) -> BlockingJob:
         """Creates a job; the arguments are :meth:`truba.Client.create_job`'s."""
         job = self._runner.run(self._client.create_job(handler, importance, name=name, **options))

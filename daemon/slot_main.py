@@ -6,7 +6,7 @@ corrupt the frames. Imported handlers are cached for the life of the slot. Reque
 their length:
 
 - one task: ``[handler, task_id, payload]`` in, ``[task_id, ok, value | [type, message,
-  traceback], seconds]`` out;
+  traceback, [class names]], seconds]`` out (the names of the exception's classes, its MRO);
 - describe: ``[handler]`` in, ``[max_size, max_wait]`` out for a batch handler (see
   :mod:`truba.handlers`), ``None`` for any other or one that cannot be imported (its tasks then
   report the import error, one by one, as before);
@@ -91,12 +91,24 @@ def run_one(
         reply: list[object] = [task_id, True, value, time.perf_counter() - started]
         return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
     except (Exception, SystemExit) as exc:  # the handler's failure is the task's outcome
+        error: list[object]
         if isinstance(exc, TypeError | ValueError | OverflowError) and "value" in locals():
             error = ["ResultNotSerializable", f"the handler's result cannot be sent: {exc}", ""]
         else:
-            error = [type(exc).__name__, str(exc), traceback.format_exc()]
+            error = error_of(exc)
         reply = [task_id, False, error, time.perf_counter() - started]
         return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def error_of(exc: BaseException) -> list[object]:
+    """A handler's error as a reply carries it: type, message, traceback, and the names of the
+    exception's classes (``module.Qualname``, builtins bare), so ``retry_on`` matches subclasses."""
+    kinds = [
+        kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        for kind in type(exc).__mro__
+        if kind is not object
+    ]
+    return [type(exc).__name__, str(exc), traceback.format_exc(), kinds]
 
 
 class BatchResultMismatch(Exception):
@@ -124,7 +136,7 @@ def run_batch(handler: str, tasks: list[object], cache: dict[str, Callable[[obje
     try:
         values = _batch_values(load_handler(handler, cache), [payload for _, payload in pairs])
     except (Exception, SystemExit) as exc:  # the handler's failure is every task's outcome
-        error = [type(exc).__name__, str(exc), traceback.format_exc()]
+        error = error_of(exc)
         share = (time.perf_counter() - started) / max(1, len(pairs))
         replies: list[object] = [[task_id, False, error, share] for task_id, _ in pairs]
         return msgpack.packb(replies, use_bin_type=True)  # type: ignore[no-any-return]

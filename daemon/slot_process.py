@@ -40,6 +40,8 @@ class SlotReply:
     value: object
     error: ErrorInfo | None
     seconds: float
+    kinds: tuple[str, ...] = ()
+    """The names of the error's classes, its MRO (``module.Qualname``, builtins bare)."""
 
 
 @final
@@ -228,4 +230,5 @@ def _reply(frame: list[object]) -> SlotReply:
         return SlotReply(str(task_id), True, value, None, float(seconds))  # type: ignore[arg-type]
     assert isinstance(value, list)
     error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
-    return SlotReply(str(task_id), False, None, error, float(seconds))  # type: ignore[arg-type]
+    kinds = tuple(str(kind) for kind in value[3]) if len(value) > 3 and isinstance(value[3], list) else ()
+    return SlotReply(str(task_id), False, None, error, float(seconds), kinds)  # type: ignore[arg-type]
