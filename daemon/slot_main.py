@@ -27,8 +27,7 @@ import traceback
 from collections.abc import Callable
 from typing import BinaryIO, Final
 
-import msgpack
-
+from truba import codec
 from truba.handlers import batch_spec
 
 HEADER: Final = struct.Struct(">I")
@@ -44,12 +43,12 @@ def read_frame(stream: BinaryIO) -> object | None:
     if len(header) < HEADER.size:
         return None
     (size,) = HEADER.unpack(header)
-    frame: object = msgpack.unpackb(stream.read(size), raw=False, strict_map_key=False)
+    frame: object = codec.unpackb(stream.read(size))
     return frame
 
 
 def write_frame(stream: BinaryIO, obj: object) -> None:
-    data = msgpack.packb(obj, use_bin_type=True)
+    data = codec.packb(obj)
     stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
 
@@ -89,7 +88,7 @@ def run_one(
         else:
             value = function(payload)
         reply: list[object] = [task_id, True, value, time.perf_counter() - started]
-        return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(reply)
     except (Exception, SystemExit) as exc:  # the handler's failure is the task's outcome
         error: list[object]
         if isinstance(exc, TypeError | ValueError | OverflowError) and "value" in locals():
@@ -97,7 +96,7 @@ def run_one(
         else:
             error = error_of(exc)
         reply = [task_id, False, error, time.perf_counter() - started]
-        return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(reply)
 
 
 def error_of(exc: BaseException) -> list[object]:
@@ -139,15 +138,15 @@ def run_batch(handler: str, tasks: list[object], cache: dict[str, Callable[[obje
         error = error_of(exc)
         share = (time.perf_counter() - started) / max(1, len(pairs))
         replies: list[object] = [[task_id, False, error, share] for task_id, _ in pairs]
-        return msgpack.packb(replies, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(replies)
     share = (time.perf_counter() - started) / max(1, len(pairs))
     packed = []
     for (task_id, _), value in zip(pairs, values, strict=True):
         try:
-            packed.append(msgpack.packb([task_id, True, value, share], use_bin_type=True))
+            packed.append(codec.packb([task_id, True, value, share]))
         except (TypeError, ValueError, OverflowError) as exc:
             error = ["ResultNotSerializable", f"the handler's result cannot be sent: {exc}", ""]
-            packed.append(msgpack.packb([task_id, False, error, share], use_bin_type=True))
+            packed.append(codec.packb([task_id, False, error, share]))
     # The replies are packed one by one (so one bad value fails one task); join them as an array.
     return _array_header(len(packed)) + b"".join(packed)
 
@@ -200,7 +199,7 @@ def main(parent: int | None = None) -> int:
         elif isinstance(request, list) and len(request) == 2 and isinstance(request[1], list):
             reply = run_batch(str(request[0]), request[1], cache)
         elif isinstance(request, list) and len(request) == 1:
-            reply = msgpack.packb(describe(str(request[0]), cache), use_bin_type=True)
+            reply = codec.packb(describe(str(request[0]), cache))
         else:
             raise SystemExit(f"slot protocol error: unknown request {request!r:.200}")
         frames_out.write(HEADER.pack(len(reply)) + reply)

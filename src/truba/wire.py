@@ -2,7 +2,9 @@
 
 Both are msgpack arrays whose first element is a format version, so the format can evolve and
 anything else is recognised as foreign. Payloads and results are msgpack values (None, bool,
-int, float, str, bytes, lists, dicts); anything else is refused with a CodecError that says so.
+int, float, str, bytes, lists, dicts) and truba's extension types (datetimes, dates, UUIDs,
+Decimals, numpy arrays: :mod:`truba.codec`); anything else is refused with a CodecError that
+says so.
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
@@ -22,6 +24,7 @@ from typing import Final
 
 import msgpack
 
+from truba import codec
 from truba.pipes.errors import CodecError
 
 FORMAT: Final = 1
@@ -90,14 +93,14 @@ class GaveUpRecord:
 
 def _pack(obj: object, what: str) -> bytes:
     try:
-        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"{what} is not msgpack-serializable: {exc}") from exc
 
 
 def _unpack(data: bytes, what: str) -> list[object]:
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        obj = codec.unpackb(data)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise CodecError(f"{what}: not msgpack ({type(exc).__name__}: {exc})") from exc
     if not isinstance(obj, list) or not obj or obj[0] != FORMAT:

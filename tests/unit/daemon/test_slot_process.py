@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import datetime
+import decimal
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
@@ -52,3 +55,25 @@ async def test_a_crashing_handler_raises_slot_died_and_the_slot_restarts(slot: S
         await slot.run("tests.handlers.basic:crash", "t1", None)
     reply = await slot.run("tests.handlers.basic:echo", "t2", 5)
     assert reply.value == 5
+
+
+async def test_a_raising_handler_reports_its_exception_classes_for_retry_on(slot: SlotProcess) -> None:
+    reply = await slot.run("tests.handlers.flaky:busy_twice", "t", "/nonexistent/dir/counter")
+    assert not reply.ok and reply.kinds[0] == "FileNotFoundError" and "OSError" in reply.kinds
+
+
+async def test_datetimes_uuids_and_decimals_reach_the_handler_and_come_back(slot: SlotProcess) -> None:
+    value = {
+        "at": datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC),
+        "id": uuid.uuid4(),
+        "n": decimal.Decimal("1.5"),
+    }
+    reply = await slot.run("tests.handlers.basic:echo", "t", value)
+    assert reply.ok and reply.value == value
+
+
+async def test_a_numpy_array_reaches_the_handler_and_comes_back(slot: SlotProcess) -> None:
+    np = pytest.importorskip("numpy")
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    reply = await slot.run("tests.handlers.basic:echo", "t", array)
+    assert reply.ok and isinstance(reply.value, np.ndarray) and np.array_equal(reply.value, array)
