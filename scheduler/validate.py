@@ -194,6 +194,12 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
     if codec is None:
         raise InvalidArgument("settings.codec", f"must be one of 'msgpack', 'pickle', got {settings.codec!r}")
     backoff_initial, backoff_max = check_backoff(settings.backoff_initial, settings.backoff_max)
+    if settings.retry_on and backoff_max + timeout > consumer_timeout:
+        raise InvalidArgument(
+            "settings.backoff_max",
+            f"{backoff_max:g}s (+ task_timeout {timeout:g}s) exceeds the brokers' consumer_timeout of"
+            f" {consumer_timeout:g}s: a task waits out its retry backoff holding its delivery; lower it",
+        )
     return JobSettings(
         min_slots=settings.min_slots,
         max_slots=settings.max_slots,

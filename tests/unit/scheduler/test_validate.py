@@ -198,3 +198,12 @@ def test_retry_on_backoff_and_codec_are_checked_and_kept() -> None:
 def test_bad_retry_settings_name_their_field(given: common_pb2.JobSettings, field: str) -> None:
     with pytest.raises(InvalidArgument, match=f"^{field}: "):
         check_settings(given, consumer_timeout=1800)
+
+
+def test_a_retry_backoff_longer_than_the_consumer_timeout_is_refused() -> None:
+    given = common_pb2.JobSettings(
+        retry_on=["TimeoutError"], backoff_initial=10, backoff_max=100, task_timeout=50
+    )
+    with pytest.raises(InvalidArgument, match="^settings.backoff_max: 100s .* consumer_timeout of 120s"):
+        check_settings(given, consumer_timeout=120)
+    assert check_settings(given, consumer_timeout=150).backoff_max == 100
