@@ -23,7 +23,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final, Literal, Unpack
+from typing import Any, Final, Literal, Unpack, overload
 
 import grpc.aio
 
@@ -32,9 +32,10 @@ from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import FailedPrecondition, NoJournal, map_rpc_errors
 from truba.client.framing import FrameSizer
 from truba.client.handler_name import handler_name
-from truba.client.job import Job
+from truba.client.job import Job, P
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
 from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, check_names, settings_pb
+from truba.client.outcome import R
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker, BrokerFactory
@@ -131,16 +132,34 @@ class Client:
             raise RuntimeError("client is not connected: use 'async with Client(...)'")
         return self._stub
 
+    @overload
     async def create_job(
         self,
-        handler: str | Callable[..., object],
+        handler: Callable[[P], R],
         importance: float = 1.0,
         *,
         name: str = "",
         **options: Unpack[JobOptions],
-    ) -> Job:
+    ) -> Job[P, R]: ...
+
+    @overload
+    async def create_job(
+        self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
+    ) -> Job: ...
+
+    async def create_job(
+        self,
+        handler: str | Callable[[Any], Any],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
+    ) -> Job[Any, Any]:
         """Creates a job whose tasks daemons run with ``handler``: a ``"package.module:function"``
-        string, or a module-level function (its name is derived: ``"module:qualname"``).
+        string, or a module-level function (its name is derived: ``"module:qualname"``). A
+        function's type hints type the job: ``Job[P, R]`` takes payloads of type P and its
+        outcomes are ``Outcome[R]`` (a batch handler is typed by its list signature: give its
+        name instead).
 
         Args:
             importance: the job's weight in the cluster's fair share (> 0); can change later

@@ -30,9 +30,9 @@ async def test_create_job_with_task_timout_raises_type_error_and_creates_nothing
     scheduler: FakeScheduler, client: Client
 ) -> None:
     with pytest.raises(TypeError, match=r"unknown option 'task_timout'; did you mean 'task_timeout'\?"):
-        await client.create_job("m:f", task_timout=1, max_attempt=1)  # type: ignore[call-arg]
+        await client.create_job("m:f", task_timout=1, max_attempt=1)  # type: ignore[call-overload]
     with pytest.raises(TypeError, match=r"unknown option 'importanse'; did you mean 'importance'\?"):
-        await client.create_job("m:f", importanse=2)  # type: ignore[call-arg]
+        await client.create_job("m:f", importanse=2)  # type: ignore[call-overload]
     assert scheduler.calls == []
 
 
