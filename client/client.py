@@ -255,7 +255,8 @@ class Client:
             journal = Journal.open(self.journal_path(info.id), fsync=self._journal_fsync)
         tasks: RouteSender[EncodedTask, int] = RouteSender(lambda task: task.priority, task_stack)
         window = Window(self._result_prefetch)
-        results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
+        codec = ResultCodec(unpickle=info.settings.codec == "pickle")
+        results = listen_stack(codec, links, queues.spec(queues.results), window, role="results")
         job = Job(
             self.jobs,
             info,

@@ -37,6 +37,7 @@ from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
 from truba.client.map import MAP_WINDOW, Mappable, map_outcomes
 from truba.client.outcome import Outcome, R
+from truba.client.pickled import pickled_payload
 from truba.client.progress import ProgressReporter
 from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
@@ -76,6 +77,8 @@ class Job(Generic[P, R]):
         sizer: FrameSizer | None = None,
     ) -> None:
         self._journal = journal
+        self._pickle = info.settings.codec == "pickle"
+        """Payloads are pickled (``codec="pickle"``); results are unpickled by the result codec."""
         self._status = JobStatus.of(info)
         self._finished = False
         self._detached = False
@@ -177,7 +180,8 @@ class Job(Generic[P, R]):
             PipeBroken: no broker can take the task (it was not submitted).
         """
         # The submission's coroutine itself, not one awaiting it: no extra frame per task.
-        return self._submission.submit(payload, priority=priority, timeout=timeout)
+        sent = pickled_payload(payload) if self._pickle else payload
+        return self._submission.submit(sent, priority=priority, timeout=timeout)
 
     async def close(self) -> None:
         """No more tasks: waits until brokers confirmed every task, then tells the scheduler."""

@@ -108,7 +108,7 @@ class Execution:
         replied = True  # so far every one did
         back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
         try:
-            handing = way.hand_over(slot, terms.handler, admitted)
+            handing = way.hand_over(slot, terms.entry, admitted)
             handed, value = await supervised(slot, handing, limits, worker.interrupt, what=way.what)
             if not way.streams:  # the slot is done with them all
                 worker.busy = False
@@ -174,6 +174,13 @@ class Execution:
             admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
             if admission.verdict is Verdict.GIVE_UP:
                 await self.returns.give_up(delivery, task, admission.spent, admission.error)
+                return None
+            refusal = self.terms.refusal
+            if refusal is not None:  # an outcome at once: never a task that waits for nothing
+                attempt = admission.spent + 1
+                result = ResultMessage(task.task_id, False, None, refusal, self.daemon_id, 0.0, attempt)
+                await self.ends.complete(delivery, result)
+                log.warning("daemon.task.refused", extra={"error": refusal.type})
                 return None
             taken_away = self.crew.now or (worker.leaving and settings.immediate)
             if admission.verdict is Verdict.RECOUNT or taken_away:

@@ -17,6 +17,7 @@ their length:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import signal
@@ -53,8 +54,17 @@ def write_frame(stream: BinaryIO, obj: object) -> None:
     stream.flush()
 
 
+PICKLE_SUFFIX: Final = "|pickle"
+"""Ends the handler name of a request whose payloads are pickled (a job with ``codec="pickle"``
+on a daemon started with ``--allow-pickle``; a handler name itself never holds a ``|``): the
+slot unpickles each payload and pickles each result."""
+
+
 def load_handler(handler: str, cache: dict[str, Callable[[object], object]]) -> Callable[[object], object]:
     if handler in cache:
+        return cache[handler]
+    if handler.endswith(PICKLE_SUFFIX):
+        cache[handler] = pickling(load_handler(handler.removesuffix(PICKLE_SUFFIX), cache))
         return cache[handler]
     module_name, _, function_name = handler.partition(":")
     try:
@@ -66,6 +76,26 @@ def load_handler(handler: str, cache: dict[str, Callable[[object], object]]) -> 
         raise HandlerImportError(f"handler {handler!r} is not callable")
     cache[handler] = function
     return cache[handler]
+
+
+def pickling(function: Callable[[object], object]) -> Callable[[object], object]:
+    """``function`` taking pickled payloads and returning pickled results (a batch handler's
+    each, its batch spec kept)."""
+    if batch_spec(function) is not None:
+
+        @functools.wraps(function)
+        def batch(payloads: object) -> object:
+            assert isinstance(payloads, list)
+            values = _batch_values(function, [codec.unpickled(payload) for payload in payloads])
+            return [codec.pickled(value) for value in values]
+
+        return batch
+
+    @functools.wraps(function)
+    def one(payload: object) -> object:
+        return codec.pickled(function(codec.unpickled(payload)))
+
+    return one
 
 
 def describe(handler: str, cache: dict[str, Callable[[object], object]]) -> list[object] | None:

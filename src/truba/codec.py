@@ -13,6 +13,11 @@ code    type                        data
 3       ``uuid.UUID``               its 16 bytes
 4       ``decimal.Decimal``         its text (exact, NaN and infinities included)
 5       ``numpy.ndarray``           dtype, shape, then the array's bytes (C order)
+6       a pickled value             ``pickle.dumps(value)``: never unpickled by
+                                    :func:`unpackb`; only a job created with
+                                    ``codec="pickle"`` wraps its payloads and results
+                                    in it (:func:`pickled`, :func:`unpickled`), and
+                                    only daemons started with ``--allow-pickle`` run it
 ======  ==========================  ==================================================
 
 numpy arrays need numpy on both sides. They are encoded from the array's own buffer (one copy,
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import pickle
 import struct
 import sys
 import uuid
@@ -34,13 +40,28 @@ from typing import Any, Final
 
 import msgpack
 
-__all__ = ["DATE", "DATETIME", "DECIMAL", "NDARRAY", "UUID", "default", "ext_hook", "packb", "unpackb"]
+__all__ = [
+    "DATE",
+    "DATETIME",
+    "DECIMAL",
+    "NDARRAY",
+    "PICKLED",
+    "UUID",
+    "NotPickled",
+    "default",
+    "ext_hook",
+    "packb",
+    "pickled",
+    "unpackb",
+    "unpickled",
+]
 
 DATETIME: Final = 1
 DATE: Final = 2
 UUID: Final = 3
 DECIMAL: Final = 4
 NDARRAY: Final = 5
+PICKLED: Final = 6
 _DIMS: Final = struct.Struct("<B")
 _DIM: Final = struct.Struct("<Q")
 
@@ -128,3 +149,29 @@ def unpackb(data: bytes) -> Any:
         Exception: msgpack raises several unrelated types on garbage; callers translate them.
     """
     return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=ext_hook)
+
+
+class NotPickled(TypeError):
+    """A value of a pickle job that is not a pickled value."""
+
+
+def pickled(value: object) -> msgpack.ExtType:
+    """``value`` pickled, as the extension a pickle job's payloads and results travel in.
+
+    Raises:
+        pickle.PicklingError, TypeError, AttributeError: ``value`` cannot be pickled.
+    """
+    return msgpack.ExtType(PICKLED, pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def unpickled(value: object) -> Any:
+    """The value a pickled extension holds. This runs code of the pickle's choosing: call it
+    only on values of a job that asked for pickle, in a process that allows it.
+
+    Raises:
+        NotPickled: ``value`` is not a pickled extension.
+        Exception: what unpickling raises (a module that cannot be imported, ...).
+    """
+    if not (isinstance(value, msgpack.ExtType) and value.code == PICKLED):
+        raise NotPickled(f"a pickle job's values must be pickled, got {type(value).__name__}")
+    return pickle.loads(value.data)  # noqa: S301 (the point of the pickle codec; see above)

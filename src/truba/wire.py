@@ -153,7 +153,14 @@ class ResultCodec:
     """``ResultMessage`` <-> ``[1, task_id, ok, value | [type, message, traceback], daemon, seconds]``.
 
     Followed by ``{"attempts": n, "gave_up": true}`` when either differs from its default.
+
+    ``unpickle``: the client's codec for a job with ``codec="pickle"``: a value is unpickled as it
+    is decoded; one that cannot be is the task's error (``ResultNotUnpickled``), so the task still
+    has its outcome.
     """
+
+    def __init__(self, *, unpickle: bool = False) -> None:
+        self.unpickle = unpickle
 
     def encode(self, message: ResultMessage) -> bytes:
         if message.ok:
@@ -190,6 +197,11 @@ class ResultCodec:
         gave_up = extras.get("gave_up", False)
         if not isinstance(gave_up, bool):
             raise CodecError("result: gave_up must be a bool")
+        if ok and self.unpickle:
+            try:
+                body = codec.unpickled(body)
+            except Exception as exc:  # whatever unpickling raises: the outcome says it
+                ok, body = False, ["ResultNotUnpickled", f"{type(exc).__name__}: {exc}", ""]
         if ok:
             return ResultMessage(task_id, True, body, None, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
         if not (isinstance(body, list) and len(body) == 3 and all(isinstance(x, str) for x in body)):

@@ -106,3 +106,12 @@ class TestNumpy:
         np = self.np
         with pytest.raises(CodecError, match="codec='pickle'"):
             TaskCodec().encode(TaskMessage("t", np.array([object()])))
+
+
+def test_a_pickle_job_s_client_unpickles_results_and_an_unpicklable_one_is_the_task_s_error() -> None:
+    good = ResultCodec().encode(ResultMessage("t", True, codec.pickled({1, 2})))
+    assert ResultCodec(unpickle=True).decode(good).value == {1, 2}
+    assert ResultCodec().decode(good).value == codec.pickled({1, 2})  # a plain job never unpickles
+    bad = ResultCodec().encode(ResultMessage("t", True, msgpack.ExtType(codec.PICKLED, b"garbage")))
+    result = ResultCodec(unpickle=True).decode(bad)
+    assert not result.ok and result.error is not None and result.error.type == "ResultNotUnpickled"

@@ -39,6 +39,8 @@ class FakeSlot:
         """How tasks were handed over, in order: "run", "send 3", "batch 2"."""
         self.killed = 0
         self.restarted = 0
+        self.handlers: list[str] = []
+        """The handler names tasks were run with (``run`` only)."""
         self._owed: list[tuple[str, object]] = []
 
     def _answer(self, task_id: str, payload: object) -> SlotReply:
@@ -54,6 +56,7 @@ class FakeSlot:
 
     async def run(self, handler: str, task_id: str, payload: object) -> SlotReply:
         self.ran.append("run")
+        self.handlers.append(handler)
         if payload == "hang":
             await asyncio.Event().wait()
         return self._answer(task_id, payload)
@@ -290,3 +293,20 @@ async def test_a_task_waiting_to_be_retried_goes_back_at_once_when_the_job_leave
     rig.returns.stop_taking()
     await asyncio.wait_for(rig.returns.put_back_done(), 5.0)
     assert [t.attempts for t in rig.requeue.sent] == [1]
+
+
+async def test_a_pickle_job_on_a_daemon_without_allow_pickle_gets_a_pickle_refused_outcome_at_once() -> None:
+    rig = Rig(JobSettings(pickle=True))
+    [delivery] = await rig.deliveries(TaskMessage("t", 1))
+    await rig.execution.run_one(rig.worker, delivery)
+    [result] = rig.results.sent
+    assert not result.ok and result.error is not None and result.error.type == "PickleRefused"
+    assert "--allow-pickle" in result.error.message and rig.slot.ran == []
+    await eventually(lambda: rig.tasks.acked == [delivery.message])
+
+
+async def test_a_pickle_job_on_a_daemon_with_allow_pickle_runs_with_pickled_payloads() -> None:
+    rig = Rig(JobSettings(pickle=True), SlotPolicy(allow_pickle=True))
+    [delivery] = await rig.deliveries(TaskMessage("t", 1))
+    await rig.execution.run_one(rig.worker, delivery)
+    assert rig.slot.handlers == ["h|pickle"] and rig.outcomes() == {"t": 1}
