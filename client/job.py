@@ -36,6 +36,7 @@ from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
 from truba.client.map import MAP_WINDOW, Mappable, map_outcomes
+from truba.client.options import check_importance
 from truba.client.outcome import Outcome, R
 from truba.client.pickled import pickled_payload
 from truba.client.progress import ProgressReporter
@@ -327,7 +328,7 @@ class Job(Generic[P, R]):
             InvalidArgument: not a number > 0.
             FailedPrecondition: the job ended.
         """
-        await self._calls.set_importance(importance)
+        await self._calls.set_importance(check_importance(importance))
 
     def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
         """The job as the scheduler sees it now, then on every change (state, slots,

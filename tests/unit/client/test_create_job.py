@@ -87,3 +87,13 @@ def test_a_function_of_main_is_refused_saying_a_daemon_cannot_import_it() -> Non
 
 def test_a_string_handler_is_taken_as_it_is() -> None:
     assert handler_name("examples.primes:count") == "examples.primes:count"
+
+
+async def test_set_importance_high_is_an_invalid_argument_not_a_protobuf_type_error(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("m:f")
+    with pytest.raises(InvalidArgument, match="importance: must be a finite number > 0, got 'high'"):
+        await job.set_importance("high")  # type: ignore[arg-type]
+    assert "SetImportance" not in scheduler.calls
+    await job.cancel()
