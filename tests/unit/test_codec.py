@@ -69,45 +69,6 @@ def test_something_else_is_still_a_codec_error_naming_its_type() -> None:
         TaskCodec().encode(TaskMessage("t", object()))
 
 
-class TestNumpy:
-    np = pytest.importorskip("numpy")
-
-    @pytest.mark.parametrize(
-        "array",
-        [
-            np.arange(12, dtype=np.float64).reshape(3, 4),
-            np.arange(12, dtype=">i4").reshape(3, 4)[:, ::2],  # big-endian and not contiguous
-            np.array(7, dtype=np.int16),  # 0-d
-            np.zeros((0, 3), dtype=np.float32),
-            np.array([True, False]),
-            np.array(["ab", "c"]),
-            np.array(["2026-11-25"], dtype="datetime64[D]"),
-            np.array([1 + 2j], dtype=np.complex64),
-        ],
-    )
-    def test_arrays_come_back_equal_with_their_dtype_and_shape(self, array: object) -> None:
-        np = self.np
-        back = through_the_wire(array)
-        assert isinstance(back, np.ndarray) and isinstance(array, np.ndarray)
-        assert back.dtype == array.dtype and back.shape == array.shape
-        assert np.array_equal(back, array)
-
-    def test_a_decoded_array_is_a_read_only_view_of_the_message_not_a_copy(self) -> None:
-        np = self.np
-        data = codec.packb(np.arange(1000, dtype=np.float64))
-        back = codec.unpackb(data)
-        assert not back.flags.writeable and not back.flags.owndata  # a view of the message's bytes
-
-    def test_numpy_scalars_travel_as_python_numbers(self) -> None:
-        np = self.np
-        assert through_the_wire([np.int64(3), np.float32(2.5)]) == [3, 2.5]
-
-    def test_object_arrays_are_refused_pointing_to_pickle(self) -> None:
-        np = self.np
-        with pytest.raises(CodecError, match="codec='pickle'"):
-            TaskCodec().encode(TaskMessage("t", np.array([object()])))
-
-
 def test_a_pickle_job_s_client_unpickles_results_and_an_unpicklable_one_is_the_task_s_error() -> None:
     good = ResultCodec().encode(ResultMessage("t", True, codec.pickled({1, 2})))
     assert ResultCodec(unpickle=True).decode(good).value == {1, 2}
