@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import numbers
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, TypedDict, Unpack
@@ -107,19 +108,20 @@ def _invalid(option: str, problem: str) -> InvalidArgument:
 
 
 def _count(option: str, value: object, *, least: int) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):  # numpy ints too
         raise _invalid(option, f"must be an int, got {value!r}")
     if value < least:
         raise _invalid(option, f"must be at least {least}, got {value}")
-    return value
+    return int(value)
 
 
-def _seconds(option: str, value: object, *, zero: bool = False) -> float:
-    if not isinstance(value, int | float) or isinstance(value, bool):
+def _seconds(option: str, value: object) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
         raise _invalid(option, f"must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
-        raise _invalid(option, f"must be a finite number {'>=' if zero else '>'} 0, got {value!r}")
-    return float(value)
+    seconds = float(value)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise _invalid(option, f"must be a finite number > 0, got {value!r}")
+    return seconds
 
 
 def check_importance(importance: object) -> float:
@@ -128,11 +130,12 @@ def check_importance(importance: object) -> float:
     Raises:
         InvalidArgument: anything else (None, a string, zero, NaN, ...), named as given.
     """
-    if isinstance(importance, bool) or not isinstance(importance, int | float):
+    if isinstance(importance, bool) or not isinstance(importance, numbers.Real):
         raise _invalid("importance", f"must be a finite number > 0, got {importance!r}")
-    if not (math.isfinite(importance) and importance > 0):
+    weight = float(importance)
+    if not (math.isfinite(weight) and weight > 0):
         raise _invalid("importance", f"must be a finite number > 0, got {importance!r}")
-    return float(importance)
+    return weight
 
 
 def exception_name(kind: type[BaseException] | str) -> str:
