@@ -12,12 +12,11 @@ from __future__ import annotations
 import functools
 import importlib
 from collections.abc import Callable
-from typing import Any
 
 from truba.client.errors import InvalidArgument
 
 
-def handler_name(handler: str | Callable[..., Any]) -> str:
+def handler_name(handler: str | Callable[..., object]) -> str:
     """``handler`` itself if it is a string, else the ``"module:qualname"`` of the function.
 
     Raises:
