@@ -16,16 +16,16 @@ import asyncio
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
-from typing import TypeVar, Unpack
+from typing import Any, Generic, TypeVar, Unpack, overload
 
 from truba.client.client import Client
-from truba.client.job import Job
+from truba.client.job import Job, P
 from truba.client.map import MAP_WINDOW
 from truba.client.options import ClientOptions, JobOptions
-from truba.client.outcome import Outcome
+from truba.client.outcome import Outcome, R
 from truba.proto.v1 import jobs_pb2
 
-R = TypeVar("R")
+T = TypeVar("T")
 
 
 class _LoopThread:
@@ -36,7 +36,7 @@ class _LoopThread:
         self._thread = threading.Thread(target=self.loop.run_forever, name="truba-client", daemon=True)
         self._thread.start()
 
-    def run(self, coro: Coroutine[object, object, R]) -> R:
+    def run(self, coro: Coroutine[object, object, T]) -> T:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
     def stop(self) -> None:
@@ -45,10 +45,10 @@ class _LoopThread:
         self.loop.close()
 
 
-class BlockingJob:
-    """A :class:`~truba.client.Job` driven from synchronous code."""
+class BlockingJob(Generic[P, R]):
+    """A :class:`~truba.client.Job` driven from synchronous code (typed as the Job is)."""
 
-    def __init__(self, job: Job, runner: _LoopThread) -> None:
+    def __init__(self, job: Job[P, R], runner: _LoopThread) -> None:
         self._job = job
         self._runner = runner
 
@@ -72,7 +72,7 @@ class BlockingJob:
         """Closed, and every submitted task has its outcome."""
         return self._job.done
 
-    def submit(self, payload: object, *, priority: int | None = None, timeout: float | None = None) -> str:
+    def submit(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> str:
         """Sends one task; returns its id (see Job.submit)."""
         return self._runner.run(self._job.submit(payload, priority=priority, timeout=timeout))
 
@@ -80,23 +80,23 @@ class BlockingJob:
         """No more tasks."""
         self._runner.run(self._job.close())
 
-    def results(self) -> Iterator[Outcome]:
+    def results(self) -> Iterator[Outcome[R]]:
         """One outcome per task, until the job is done (see Job.results)."""
         return self._iterate(self._job.results())
 
     def map(
         self,
-        payloads: Iterable[object],
+        payloads: Iterable[P],
         *,
         ordered: bool = True,
         window: int = MAP_WINDOW,
         progress: bool | None = None,
-    ) -> Iterator[Outcome]:
+    ) -> Iterator[Outcome[R]]:
         """Submits every payload, closes the job, and yields one outcome per payload, in order
         unless ``ordered=False``; see Job.map. ``payloads`` is read in the client's thread."""
         return self._iterate(self._job.map(payloads, ordered=ordered, window=window, progress=progress))
 
-    def _iterate(self, stream: AsyncGenerator[Outcome, None]) -> Iterator[Outcome]:
+    def _iterate(self, stream: AsyncGenerator[Outcome[R], None]) -> Iterator[Outcome[R]]:
         try:
             while True:
                 try:
@@ -110,7 +110,7 @@ class BlockingJob:
         """Leaves the job to a later ``resume`` (see Job.detach)."""
         self._runner.run(self._job.detach())
 
-    def on_result(self, callback: Callable[[Outcome], None]) -> None:
+    def on_result(self, callback: Callable[[Outcome[R]], None]) -> None:
         """Calls ``callback`` (in the client's loop thread) for every outcome."""
 
         async def start() -> None:
@@ -155,9 +155,29 @@ class BlockingClient:
     ) -> None:
         self.close()
 
+    @overload
+    def create_job(
+        self,
+        handler: Callable[[P], R],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
+    ) -> BlockingJob[P, R]: ...
+
+    @overload
     def create_job(
         self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
-    ) -> BlockingJob:
+    ) -> BlockingJob: ...
+
+    def create_job(
+        self,
+        handler: str | Callable[[Any], Any],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
+    ) -> BlockingJob[Any, Any]:
         """Creates a job; the arguments are :meth:`truba.Client.create_job`'s."""
         job = self._runner.run(self._client.create_job(handler, importance, name=name, **options))
         return BlockingJob(job, self._runner)

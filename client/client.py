@@ -20,10 +20,10 @@ import logging
 import os
 import socket
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Literal, Unpack
+from typing import Any, Final, Literal, Unpack, overload
 
 import grpc.aio
 
@@ -31,9 +31,11 @@ from truba.channel import Credentials, open_channel
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import FailedPrecondition, NoJournal, map_rpc_errors
 from truba.client.framing import FrameSizer
-from truba.client.job import Job
+from truba.client.handler_name import handler_name
+from truba.client.job import Job, P
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
-from truba.client.options import JobOptions, settings_pb
+from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, check_names, settings_pb
+from truba.client.outcome import R
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker, BrokerFactory
@@ -47,6 +49,8 @@ from truba.queues import queues_of
 from truba.wire import ResultCodec
 
 log = logging.getLogger(__name__)
+CREATE_JOB_ARGUMENTS: Final = JOB_OPTIONS | {"handler", "importance", "name"}
+"""What ``create_job`` takes by keyword: a misspelt one is refused naming the nearest."""
 
 
 class Client:
@@ -128,10 +132,34 @@ class Client:
             raise RuntimeError("client is not connected: use 'async with Client(...)'")
         return self._stub
 
+    @overload
+    async def create_job(
+        self,
+        handler: Callable[[P], R],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
+    ) -> Job[P, R]: ...
+
+    @overload
     async def create_job(
         self, handler: str, importance: float = 1.0, *, name: str = "", **options: Unpack[JobOptions]
-    ) -> Job:
-        """Creates a job whose tasks daemons run with ``handler`` ("package.module:function").
+    ) -> Job: ...
+
+    async def create_job(
+        self,
+        handler: str | Callable[[Any], Any],
+        importance: float = 1.0,
+        *,
+        name: str = "",
+        **options: Unpack[JobOptions],
+    ) -> Job[Any, Any]:
+        """Creates a job whose tasks daemons run with ``handler``: a ``"package.module:function"``
+        string, or a module-level function (its name is derived: ``"module:qualname"``). A
+        function's type hints type the job: ``Job[P, R]`` takes payloads of type P and its
+        outcomes are ``Outcome[R]`` (a batch handler is typed by its list signature: give its
+        name instead).
 
         Args:
             importance: the job's weight in the cluster's fair share (> 0); can change later
@@ -139,22 +167,28 @@ class Client:
             name: shown in listings.
             options: the job's settings, see :class:`~truba.client.options.JobOptions`
                 (``min_slots``, ``max_slots``, ``preemption``, ``task_timeout``,
-                ``max_attempts``, ``queue_type``, ``priorities``).
+                ``max_attempts``, ``queue_type``, ``priorities``, ``frames``, ``retry_on``,
+                ``backoff``, ``codec``).
 
         Raises:
-            ValueError: an option of the wrong kind (checked before anything is sent).
-            InvalidArgument: the scheduler refused a value (the message names the field).
+            TypeError: an unknown option (the message names the nearest valid one).
+            InvalidArgument: a bad value (checked before anything is sent, and again by the
+                scheduler; the message names the option), or a function daemons cannot import.
             FailedPrecondition: no connected daemon allows this handler.
             Unavailable: the scheduler or a broker cannot be reached.
         """
+        check_names(options, CREATE_JOB_ARGUMENTS)
         settings = settings_pb(**options)
         request = jobs_pb2.CreateJobRequest(
-            handler=handler, importance=importance, name=name, settings=settings
+            handler=handler_name(handler),
+            importance=check_importance(importance),
+            name=name,
+            settings=settings,
         )
         with map_rpc_errors():
             response = await self.jobs.CreateJob(request)
         job = await self._open(response.job, response.brokers, resumed=False)
-        log.info("client.job.created", extra={"job_id": job.id, "handler": handler})
+        log.info("client.job.created", extra={"job_id": job.id, "handler": request.handler})
         return job
 
     async def resume(self, job_id: str) -> Job:
@@ -221,7 +255,8 @@ class Client:
             journal = Journal.open(self.journal_path(info.id), fsync=self._journal_fsync)
         tasks: RouteSender[EncodedTask, int] = RouteSender(lambda task: task.priority, task_stack)
         window = Window(self._result_prefetch)
-        results = listen_stack(ResultCodec(), links, queues.spec(queues.results), window, role="results")
+        codec = ResultCodec(unpickle=info.settings.codec == "pickle")
+        results = listen_stack(codec, links, queues.spec(queues.results), window, role="results")
         job = Job(
             self.jobs,
             info,

@@ -25,7 +25,9 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncGenerator, AsyncIterable, Coroutine, Iterable, Sequence
-from typing import Any
+from typing import Any, Generic, cast
+
+from typing_extensions import TypeVar
 
 from truba.client.callback import OutcomeCallback, deliver
 from truba.client.encoded import EncodedTask
@@ -33,8 +35,10 @@ from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
-from truba.client.map import MAP_WINDOW, map_outcomes
-from truba.client.outcome import Outcome
+from truba.client.map import MAP_WINDOW, Mappable, map_outcomes
+from truba.client.options import check_importance
+from truba.client.outcome import Outcome, R
+from truba.client.pickled import pickled_payload
 from truba.client.progress import ProgressReporter
 from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
@@ -46,10 +50,15 @@ from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultMessage
 
 log = logging.getLogger(__name__)
+P = TypeVar("P", default=Any)
+"""The payload the job's handler takes (Any for a handler given by name)."""
 
 
-class Job:
+class Job(Generic[P, R]):
     """One job: ``submit`` tasks, ``close`` it, iterate its ``results()``.
+
+    Typed by its handler when created from a function: ``Job[P, R]`` takes payloads of type P,
+    and ``Outcome[R].result()`` is an R (mypy checks both).
 
     Not safe to share between event loops; use one ``results()``/``on_result`` consumer.
     """
@@ -69,6 +78,8 @@ class Job:
         sizer: FrameSizer | None = None,
     ) -> None:
         self._journal = journal
+        self._pickle = info.settings.codec == "pickle"
+        """Payloads are pickled (``codec="pickle"``); results are unpickled by the result codec."""
         self._status = JobStatus.of(info)
         self._finished = False
         self._detached = False
@@ -147,7 +158,7 @@ class Job:
         return self.submitted, self.received
 
     def submit(
-        self, payload: object, *, priority: int | None = None, timeout: float | None = None
+        self, payload: P, *, priority: int | None = None, timeout: float | None = None
     ) -> Coroutine[Any, Any, str]:
         """Sends one task; returns (awaited) its id once a broker accepted it for sending.
 
@@ -170,7 +181,8 @@ class Job:
             PipeBroken: no broker can take the task (it was not submitted).
         """
         # The submission's coroutine itself, not one awaiting it: no extra frame per task.
-        return self._submission.submit(payload, priority=priority, timeout=timeout)
+        sent = pickled_payload(payload) if self._pickle else payload
+        return self._submission.submit(sent, priority=priority, timeout=timeout)
 
     async def close(self) -> None:
         """No more tasks: waits until brokers confirmed every task, then tells the scheduler."""
@@ -182,7 +194,7 @@ class Job:
         log.info("client.job.closed", extra={"job_id": self.id, "submitted": self.submitted})
         # The task pipe stays open: a broker found lost later gets its tasks sent again.
 
-    def results(self) -> AsyncGenerator[Outcome, None]:
+    def results(self) -> AsyncGenerator[Outcome[R], None]:
         """Yields one outcome per task, in arrival order, until the job is done.
 
         An outcome counts as taken when the consumer asks for the next one (or ends the loop
@@ -224,15 +236,16 @@ class Job:
 
     def map(
         self,
-        payloads: Iterable[object] | AsyncIterable[object],
+        payloads: Iterable[P] | AsyncIterable[P],
         *,
         ordered: bool = True,
         window: int = MAP_WINDOW,
         progress: bool | None = None,
-    ) -> AsyncGenerator[Outcome, None]:
+    ) -> AsyncGenerator[Outcome[R], None]:
         """Submits every payload, closes the job, and yields one outcome per payload; see
         :func:`~truba.client.map.map_outcomes`."""
-        return map_outcomes(self, payloads, ordered=ordered, window=window, progress=progress)
+        mappable = cast(Mappable, self)  # submits payloads of type P only, which map passes through
+        return map_outcomes(mappable, payloads, ordered=ordered, window=window, progress=progress)
 
     async def _check_state(self) -> None:
         """No result for a while: was the job cancelled elsewhere, or has it a problem?"""
@@ -315,7 +328,7 @@ class Job:
             InvalidArgument: not a number > 0.
             FailedPrecondition: the job ended.
         """
-        await self._calls.set_importance(importance)
+        await self._calls.set_importance(check_importance(importance))
 
     def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
         """The job as the scheduler sees it now, then on every change (state, slots,

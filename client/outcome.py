@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Generic, cast
+
+from typing_extensions import TypeVar
 
 from truba.errors import TrubaError
 from truba.wire import ErrorInfo, ResultMessage
@@ -44,20 +47,24 @@ class TaskCancelled(TaskFailed):
 
 CANCELLED = ErrorInfo("JobCancelled", "the job was cancelled before this task had an outcome")
 
+R = TypeVar("R", default=Any)
+"""What the job's handler returns: ``Outcome[R].result()`` is an R (Any for a handler given by name)."""
+
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(Generic[R]):
     """The outcome of one task: ``ok`` with its ``value``, or not ok with its ``error``.
 
     ``gave_up`` marks a task whose every attempt ended without an outcome (timed out, crashed
     its slot, ran out of memory, or lost its daemon), ``max_attempts`` times; ``error`` then
     says what ended the last one. ``attempts`` counts the attempts made, this one included.
-    ``cancelled`` marks a task whose job was cancelled before it had an outcome.
+    ``cancelled`` marks a task whose job was cancelled before it had an outcome. ``R`` is what
+    the handler returns (see ``Client.create_job``).
     """
 
     task_id: str
     ok: bool
-    value: object = None
+    value: R | None = None
     error: ErrorInfo | None = None
     daemon_id: str = ""
     seconds: float = 0.0
@@ -75,7 +82,7 @@ class Outcome:
         return cls(
             message.task_id,
             message.ok,
-            message.value,
+            cast(Any, message.value),  # the handler's R, as far as the type checker is told
             message.error,
             message.daemon_id,
             message.seconds,
@@ -83,7 +90,7 @@ class Outcome:
             message.gave_up,
         )
 
-    def result(self) -> object:
+    def result(self) -> R:
         """The value, or raises :class:`TaskFailed` (:class:`TaskGaveUp` for a give-up,
         :class:`TaskCancelled` for a cancelled task)."""
         if not self.ok:
@@ -93,4 +100,4 @@ class Outcome:
             if self.gave_up:
                 raise TaskGaveUp(self.task_id, error, self.attempts)
             raise TaskFailed(self.task_id, error)
-        return self.value
+        return cast(R, self.value)

@@ -48,6 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATTERN",
         help="fnmatch pattern of handlers ('package.module:function') this daemon may import; repeatable",
     )
+    parser.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="run jobs created with codec='pickle' (unpickling a payload runs code of its sender's"
+        " choosing: allow it only where everyone who can create jobs may run code here); without"
+        " it, each task of such a job gets a PickleRefused error",
+    )
     parser.add_argument("--id", dest="daemon_id", default=None, help="daemon id (default: host-pid)")
     parser.add_argument(
         "--max-tasks-per-slot",
@@ -112,6 +119,7 @@ def config_from(args: argparse.Namespace) -> DaemonConfig | str:
         max_tasks=args.max_tasks_per_slot or None,
         memory_soft=int(args.slot_memory_soft * MIB) or None,
         memory_hard=int(args.slot_memory_hard * MIB) or None,
+        allow_pickle=args.allow_pickle,
     )
     slots = args.slots or default_slots(policy.memory_hard or policy.memory_soft)
     config = DaemonConfig(

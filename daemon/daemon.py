@@ -293,12 +293,14 @@ class Daemon:
         known to be short (then the round trip to fetch the next task is a large part of a
         task's time); longer tasks get no extra, so no daemon holds a task it is not running.
         A batch handler's slot needs ``max_size`` deliveries at hand (its runner learns that from
-        the first slot that describes the handler, and widens the window itself then)."""
+        the first slot that describes the handler, and widens the window itself then). Tasks
+        waiting out a retry backoff hold a delivery each without a slot: one more each."""
         stats = self._stats.get(job_id)
         short = stats is not None and 0.0 < stats.service_time < SHORT_TASK
         runner = self._runners.get(job_id)
         per_slot = runner.per_slot if runner is not None else 1
-        return max(1, slots * per_slot + (self.config.prefetch_extra if short else 0))
+        retrying = runner.returns.retrying if runner is not None else 0  # their deliveries wait unacked
+        return max(1, slots * per_slot + retrying + (self.config.prefetch_extra if short else 0))
 
     def _open_runner(self, job_id: str, job: Wanted) -> None:
         window = Window(self._window_for(job.slots, job_id))

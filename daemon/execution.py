@@ -3,10 +3,11 @@
 Get a delivery → admit it (attempts spent so far, :mod:`truba.daemon.attempts`) → run one
 attempt in a slot under its limits (:mod:`truba.daemon.supervise`), handed over one task at a
 time, as a chunk of short tasks or as a batch (:mod:`truba.daemon.handover`) → end each task on its
-own (:mod:`truba.daemon.task_endings`): a reply is its result; an interrupt puts it back unspent; a
-timeout, the memory limit or the slot's death spends an attempt (requeue, or give up after the
-last). Results are published and confirmed, then acked; the confirm and the ack run in the
-background while the slot takes the next task.
+own (:mod:`truba.daemon.task_endings`): a reply is its result (or, for an error the job retries
+on with attempts left, a retry after a backoff: :mod:`truba.daemon.retries`); an interrupt puts
+it back unspent; a timeout, the memory limit or the slot's death spends an attempt (requeue,
+or give up after the last). Results are published and confirmed, then acked; the confirm and
+the ack run in the background while the slot takes the next task.
 
 After its tasks all replied, a slot is recycled (replaced by a fresh process) when it ran
 ``max_tasks`` tasks or its private memory passed the soft limit; a slot passing the hard limit
@@ -24,6 +25,7 @@ from typing import Final, TypeVar
 from truba.daemon.attempts import Verdict, admit, after_failure, with_attempts
 from truba.daemon.crew import Crew, Worker
 from truba.daemon.handover import BATCHED, CHUNKED, ONE_TASK, Admitted, Handover, next_reply
+from truba.daemon.retries import retries_on, retry_delay
 from truba.daemon.returns import Returns
 from truba.daemon.slot_process import SlotProcess
 from truba.daemon.stats import JobStats
@@ -106,7 +108,7 @@ class Execution:
         replied = True  # so far every one did
         back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
         try:
-            handing = way.hand_over(slot, terms.handler, admitted)
+            handing = way.hand_over(slot, terms.entry, admitted)
             handed, value = await supervised(slot, handing, limits, worker.interrupt, what=way.what)
             if not way.streams:  # the slot is done with them all
                 worker.busy = False
@@ -173,6 +175,13 @@ class Execution:
             if admission.verdict is Verdict.GIVE_UP:
                 await self.returns.give_up(delivery, task, admission.spent, admission.error)
                 return None
+            refusal = self.terms.refusal
+            if refusal is not None:  # an outcome at once: never a task that waits for nothing
+                attempt = admission.spent + 1
+                result = ResultMessage(task.task_id, False, None, refusal, self.daemon_id, 0.0, attempt)
+                await self.ends.complete(delivery, result)
+                log.warning("daemon.task.refused", extra={"error": refusal.type})
+                return None
             taken_away = self.crew.now or (worker.leaving and settings.immediate)
             if admission.verdict is Verdict.RECOUNT or taken_away:
                 # Recount (classic queue: a death to write into the task), or this worker is
@@ -193,6 +202,16 @@ class Execution:
         seconds = self.task_seconds
         self.task_seconds = reply.seconds if seconds is None else seconds + (reply.seconds - seconds) / 8
         log.debug("daemon.task.finished", extra={"ok": reply.ok, "seconds": round(end.seconds, 6)})
+        settings = self.terms.settings
+        if not reply.ok and retries_on(reply.kinds, settings, attempt):
+            delay = retry_delay(attempt, settings.backoff)
+            error = reply.error.type if reply.error is not None else ""
+            log.info(
+                "daemon.task.retrying", extra={"attempt": attempt, "error": error, "delay": round(delay, 3)}
+            )
+            self.stats.retried += 1
+            self.returns.requeue_after(delay, delivery, with_attempts(task, attempt))
+            return
         result = ResultMessage(
             task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt
         )

@@ -5,8 +5,9 @@ that is confirmed (:mod:`truba.daemon.task_endings`), never by ``reject(requeue=
 daemon would count as a death (:mod:`truba.daemon.attempts`). It goes back unspent when it never
 ran to an end here: interrupted (preemption, stop), handed over to a slot that died before
 starting it, delivered and never started when the runner closes, or held in a frame too long
-(see :mod:`truba.daemon.intake`); with one attempt more after a failed attempt. A task whose
-attempts are all spent is given up instead.
+(see :mod:`truba.daemon.intake`); with one attempt more after a failed attempt, or after a
+handler error the job retries on, once its backoff is over (:mod:`truba.daemon.retries`). A
+task whose attempts are all spent is given up instead.
 
 Once the job is leaving this daemon, the runner stops consuming first (:meth:`Returns.stop_taking`,
 with :data:`CANCEL_QUIET`) and a put-back waits for that, so the copy cannot land in this
@@ -18,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 from truba.daemon.attempts import LOST, Verdict, admit, with_attempts
 from truba.daemon.task_endings import TaskEndings
@@ -26,6 +28,7 @@ from truba.daemon.terms import JobTerms
 from truba.logs import bind
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.prefetch import Window
 from truba.wire import ErrorInfo, TaskMessage
 
 log = logging.getLogger(__name__)
@@ -66,9 +69,17 @@ class Returns:
         self._stopping: asyncio.Future[None] | None = None
         self._putting_back: set[asyncio.Task[None]] = set()
         """Interrupted tasks on their way back to the queue (their slot is free already)."""
+        self._hurry = asyncio.Event()
+        """Set once consuming stops: tasks waiting to be retried go back at once."""
+        self.retrying = 0
+        """Tasks waiting out their retry backoff here (their deliveries unacked, their slots free)."""
+        self.window: Window | None = None
+        """The job's prefetch window, widened by one per task waiting to be retried (see
+        requeue_after); None: not widened."""
 
     def stop_taking(self) -> asyncio.Future[None]:
-        """Stops new deliveries (once)."""
+        """Stops new deliveries (once); tasks waiting to be retried go back now."""
+        self._hurry.set()
         if self._stopping is None:
             self._stopping = asyncio.ensure_future(self._cancel_listener())
         return self._stopping
@@ -96,19 +107,53 @@ class Returns:
         see requeue)."""
 
         async def put_back() -> None:
+            for delivery, task in requeues:
+                with bind(task_id=task.task_id):
+                    await self.requeue(delivery, task, reason)
+
+        self._in_background(put_back())
+
+    def _in_background(self, putting_back: Coroutine[Any, Any, None]) -> None:
+        async def guarded() -> None:
             try:
-                for delivery, task in requeues:
-                    with bind(task_id=task.task_id):
-                        await self.requeue(delivery, task, reason)
+                await putting_back
             except PipeClosed:
                 pass
             except PipeError as exc:
                 self.on_broken(exc)
                 log.warning("daemon.job.requeue_failed", extra={"error": repr(exc)})
 
-        putting = asyncio.create_task(put_back())
+        putting = asyncio.create_task(guarded())
         self._putting_back.add(putting)
         putting.add_done_callback(self._putting_back.discard)
+
+    def requeue_after(self, delay: float, delivery: Delivery[TaskMessage], task: TaskMessage) -> None:
+        """Puts a task to be retried back into its queue after ``delay`` seconds, in the
+        background: its slot runs other tasks meanwhile. Its delivery stays unacked until then
+        (a daemon that dies in the wait lets the broker deliver it again, the attempt counted),
+        so the prefetch window is widened by one meanwhile, or the wait would idle a slot.
+        Once consuming stops (the job leaves this daemon), it goes back at once, the rest of its
+        wait dropped."""
+
+        async def wait_then_requeue() -> None:
+            try:
+                await self._widen(+1)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), delay)
+            finally:
+                self.retrying -= 1
+                await self._widen(-1)
+            with bind(task_id=task.task_id):
+                await self.requeue(delivery, task, "retry")
+
+        self.retrying += 1
+        self._in_background(wait_then_requeue())
+
+    async def _widen(self, by: int) -> None:
+        window = self.window
+        if window is not None:
+            with contextlib.suppress(PipeError):  # a leaf gone under the resize applies it on reopen
+                await window.resize(max(1, window.size + by))
 
     async def put_back_done(self) -> None:
         """Waits for the put-backs running in the background."""

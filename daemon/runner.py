@@ -95,6 +95,7 @@ class JobRunner:
             stop_timeout=stop_timeout,
             cancel_quiet=cancel_quiet,
         )
+        self.returns.window = self.window  # widened while tasks wait out a retry backoff
         self.intake = Intake(
             job_id,
             pipes.tasks,

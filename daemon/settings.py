@@ -12,6 +12,7 @@ from typing import Final
 from truba.proto.v1 import common_pb2
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_BACKOFF: Final = (1.0, 60.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +25,11 @@ class JobSettings:
     ``priorities``: tasks put back into the queue are published with their own priority.
     ``frames``: small tasks and results are packed into frames under load (see truba.pipes.frame);
     False sends each in its own AMQP message (``no_frames`` in the message).
+    ``retry_on``: names of exceptions after which a task that raised is tried again, after a
+    backoff from ``backoff[0]`` doubling up to ``backoff[1]`` seconds (see
+    :mod:`truba.daemon.retries`).
+    ``pickle``: payloads and results are pickled (``codec`` "pickle"): run only with
+    ``--allow-pickle``.
     """
 
     immediate: bool = False
@@ -31,6 +37,9 @@ class JobSettings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     priorities: bool = False
     frames: bool = True
+    retry_on: frozenset[str] = frozenset()
+    backoff: tuple[float, float] = DEFAULT_BACKOFF
+    pickle: bool = False
 
     @classmethod
     def from_proto(cls, settings: common_pb2.JobSettings) -> JobSettings:
@@ -40,6 +49,12 @@ class JobSettings:
             max_attempts=settings.max_attempts or DEFAULT_MAX_ATTEMPTS,
             priorities=settings.priorities,
             frames=not settings.no_frames,
+            retry_on=frozenset(settings.retry_on),
+            backoff=(
+                settings.backoff_initial or DEFAULT_BACKOFF[0],
+                settings.backoff_max or max(DEFAULT_BACKOFF[1], settings.backoff_initial),
+            ),
+            pickle=settings.codec == "pickle",
         )
 
     def to_proto(self) -> common_pb2.JobSettings:
@@ -50,4 +65,8 @@ class JobSettings:
             max_attempts=self.max_attempts,
             priorities=self.priorities,
             no_frames=not self.frames,
+            retry_on=sorted(self.retry_on),
+            backoff_initial=self.backoff[0],
+            backoff_max=self.backoff[1],
+            codec="pickle" if self.pickle else "",
         )

@@ -6,7 +6,7 @@ corrupt the frames. Imported handlers are cached for the life of the slot. Reque
 their length:
 
 - one task: ``[handler, task_id, payload]`` in, ``[task_id, ok, value | [type, message,
-  traceback], seconds]`` out;
+  traceback, [class names]], seconds]`` out (the names of the exception's classes, its MRO);
 - describe: ``[handler]`` in, ``[max_size, max_wait]`` out for a batch handler (see
   :mod:`truba.handlers`), ``None`` for any other or one that cannot be imported (its tasks then
   report the import error, one by one, as before);
@@ -17,6 +17,7 @@ their length:
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import signal
@@ -27,8 +28,7 @@ import traceback
 from collections.abc import Callable
 from typing import BinaryIO, Final
 
-import msgpack
-
+from truba import codec
 from truba.handlers import batch_spec
 
 HEADER: Final = struct.Struct(">I")
@@ -44,18 +44,27 @@ def read_frame(stream: BinaryIO) -> object | None:
     if len(header) < HEADER.size:
         return None
     (size,) = HEADER.unpack(header)
-    frame: object = msgpack.unpackb(stream.read(size), raw=False, strict_map_key=False)
+    frame: object = codec.unpackb(stream.read(size))
     return frame
 
 
 def write_frame(stream: BinaryIO, obj: object) -> None:
-    data = msgpack.packb(obj, use_bin_type=True)
+    data = codec.packb(obj)
     stream.write(HEADER.pack(len(data)) + data)
     stream.flush()
 
 
+PICKLE_SUFFIX: Final = "|pickle"
+"""Ends the handler name of a request whose payloads are pickled (a job with ``codec="pickle"``
+on a daemon started with ``--allow-pickle``; a handler name itself never holds a ``|``): the
+slot unpickles each payload and pickles each result."""
+
+
 def load_handler(handler: str, cache: dict[str, Callable[[object], object]]) -> Callable[[object], object]:
     if handler in cache:
+        return cache[handler]
+    if handler.endswith(PICKLE_SUFFIX):
+        cache[handler] = pickling(load_handler(handler.removesuffix(PICKLE_SUFFIX), cache))
         return cache[handler]
     module_name, _, function_name = handler.partition(":")
     try:
@@ -67,6 +76,26 @@ def load_handler(handler: str, cache: dict[str, Callable[[object], object]]) -> 
         raise HandlerImportError(f"handler {handler!r} is not callable")
     cache[handler] = function
     return cache[handler]
+
+
+def pickling(function: Callable[[object], object]) -> Callable[[object], object]:
+    """``function`` taking pickled payloads and returning pickled results (a batch handler's
+    each, its batch spec kept)."""
+    if batch_spec(function) is not None:
+
+        @functools.wraps(function)
+        def batch(payloads: object) -> object:
+            assert isinstance(payloads, list)
+            values = _batch_values(function, [codec.unpickled(payload) for payload in payloads])
+            return [codec.pickled(value) for value in values]
+
+        return batch
+
+    @functools.wraps(function)
+    def one(payload: object) -> object:
+        return codec.pickled(function(codec.unpickled(payload)))
+
+    return one
 
 
 def describe(handler: str, cache: dict[str, Callable[[object], object]]) -> list[object] | None:
@@ -89,14 +118,26 @@ def run_one(
         else:
             value = function(payload)
         reply: list[object] = [task_id, True, value, time.perf_counter() - started]
-        return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(reply)
     except (Exception, SystemExit) as exc:  # the handler's failure is the task's outcome
+        error: list[object]
         if isinstance(exc, TypeError | ValueError | OverflowError) and "value" in locals():
             error = ["ResultNotSerializable", f"the handler's result cannot be sent: {exc}", ""]
         else:
-            error = [type(exc).__name__, str(exc), traceback.format_exc()]
+            error = error_of(exc)
         reply = [task_id, False, error, time.perf_counter() - started]
-        return msgpack.packb(reply, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(reply)
+
+
+def error_of(exc: BaseException) -> list[object]:
+    """A handler's error as a reply carries it: type, message, traceback, and the names of the
+    exception's classes (``module.Qualname``, builtins bare), so ``retry_on`` matches subclasses."""
+    kinds = [
+        kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        for kind in type(exc).__mro__
+        if kind is not object
+    ]
+    return [type(exc).__name__, str(exc), traceback.format_exc(), kinds]
 
 
 class BatchResultMismatch(Exception):
@@ -124,18 +165,18 @@ def run_batch(handler: str, tasks: list[object], cache: dict[str, Callable[[obje
     try:
         values = _batch_values(load_handler(handler, cache), [payload for _, payload in pairs])
     except (Exception, SystemExit) as exc:  # the handler's failure is every task's outcome
-        error = [type(exc).__name__, str(exc), traceback.format_exc()]
+        error = error_of(exc)
         share = (time.perf_counter() - started) / max(1, len(pairs))
         replies: list[object] = [[task_id, False, error, share] for task_id, _ in pairs]
-        return msgpack.packb(replies, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(replies)
     share = (time.perf_counter() - started) / max(1, len(pairs))
     packed = []
     for (task_id, _), value in zip(pairs, values, strict=True):
         try:
-            packed.append(msgpack.packb([task_id, True, value, share], use_bin_type=True))
+            packed.append(codec.packb([task_id, True, value, share]))
         except (TypeError, ValueError, OverflowError) as exc:
             error = ["ResultNotSerializable", f"the handler's result cannot be sent: {exc}", ""]
-            packed.append(msgpack.packb([task_id, False, error, share], use_bin_type=True))
+            packed.append(codec.packb([task_id, False, error, share]))
     # The replies are packed one by one (so one bad value fails one task); join them as an array.
     return _array_header(len(packed)) + b"".join(packed)
 
@@ -188,7 +229,7 @@ def main(parent: int | None = None) -> int:
         elif isinstance(request, list) and len(request) == 2 and isinstance(request[1], list):
             reply = run_batch(str(request[0]), request[1], cache)
         elif isinstance(request, list) and len(request) == 1:
-            reply = msgpack.packb(describe(str(request[0]), cache), use_bin_type=True)
+            reply = codec.packb(describe(str(request[0]), cache))
         else:
             raise SystemExit(f"slot protocol error: unknown request {request!r:.200}")
         frames_out.write(HEADER.pack(len(reply)) + reply)

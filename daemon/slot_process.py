@@ -16,8 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
-import msgpack
-
+from truba import codec
 from truba.daemon.launch import Launcher, SlotHandle, Spawn
 from truba.daemon.memory import private_bytes
 from truba.daemon.slot_main import HEADER
@@ -40,6 +39,8 @@ class SlotReply:
     value: object
     error: ErrorInfo | None
     seconds: float
+    kinds: tuple[str, ...] = ()
+    """The names of the error's classes, its MRO (``module.Qualname``, builtins bare)."""
 
 
 @final
@@ -88,7 +89,7 @@ class SlotProcess:
         """
         body = await self._exchange([handler, task_id, payload], f"task {task_id}")
         self.tasks_run += 1
-        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+        return _reply(codec.unpackb(body))
 
     async def send(self, handler: str, tasks: Sequence[tuple[str, object]]) -> None:
         """Hands the slot several tasks (id, payload) in one write; it runs them in order and
@@ -101,7 +102,7 @@ class SlotProcess:
         Raises:
             SlotDied: the process exited (while running the first task, as far as anyone knows).
         """
-        frames = [msgpack.packb([handler, task_id, payload], use_bin_type=True) for task_id, payload in tasks]
+        frames = [codec.packb([handler, task_id, payload]) for task_id, payload in tasks]
         await self._write(
             b"".join(HEADER.pack(len(frame)) + frame for frame in frames), f"task {tasks[0][0]}"
         )
@@ -111,7 +112,7 @@ class SlotProcess:
         cancels like :meth:`run`."""
         body = await self._read(f"task {task_id}")
         self.tasks_run += 1
-        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+        return _reply(codec.unpackb(body))
 
     def reply_at_hand(self) -> SlotReply | None:
         """The reply to the next task handed over by :meth:`send` if the slot has sent it
@@ -121,7 +122,7 @@ class SlotProcess:
         if body is None:
             return None
         self.tasks_run += 1
-        return _reply(msgpack.unpackb(body, raw=False, strict_map_key=False))
+        return _reply(codec.unpackb(body))
 
     async def run_batch(self, handler: str, tasks: list[tuple[str, object]]) -> list[SlotReply]:
         """Runs a batch handler once over ``tasks`` (id, payload); one reply per task, in order.
@@ -130,7 +131,7 @@ class SlotProcess:
         """
         body = await self._exchange([handler, [list(task) for task in tasks]], f"a batch of {len(tasks)}")
         self.tasks_run += 1
-        replies = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        replies = codec.unpackb(body)
         if not (isinstance(replies, list) and len(replies) == len(tasks)):
             raise SlotDied(f"slot {self.index} answered a batch of {len(tasks)} with {replies!r:.200}")
         return [_reply(reply) for reply in replies]
@@ -139,7 +140,7 @@ class SlotProcess:
         """Imports ``handler`` in the slot: its batch spec, or None for a one-task handler (or one
         that cannot be imported: its tasks report that). Dies and cancels like :meth:`run`."""
         body = await self._exchange([handler], f"describe {handler}")
-        spec = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        spec = codec.unpackb(body)
         if spec is None:
             return None
         try:
@@ -150,7 +151,7 @@ class SlotProcess:
 
     async def _exchange(self, request: object, what: str) -> bytes:
         """Sends one request frame and reads its reply frame (starting the process if needed)."""
-        frame = msgpack.packb(request, use_bin_type=True)
+        frame = codec.packb(request)
         await self._write(HEADER.pack(len(frame)) + frame, what)
         return await self._read(what)
 
@@ -228,4 +229,5 @@ def _reply(frame: list[object]) -> SlotReply:
         return SlotReply(str(task_id), True, value, None, float(seconds))  # type: ignore[arg-type]
     assert isinstance(value, list)
     error = ErrorInfo(str(value[0]), str(value[1]), str(value[2]))
-    return SlotReply(str(task_id), False, None, error, float(seconds))  # type: ignore[arg-type]
+    kinds = tuple(str(kind) for kind in value[3]) if len(value) > 3 and isinstance(value[3], list) else ()
+    return SlotReply(str(task_id), False, None, error, float(seconds), kinds)  # type: ignore[arg-type]

@@ -23,7 +23,8 @@ class JobStats:
 
     ``done``/``failed`` count outcomes (a give-up is a failed outcome); ``busy`` slots run one
     of its tasks now; ``waiting`` deliveries are held but not running. The rest is for logs and
-    tests: attempts requeued after a failure, preempted, timed out, given up.
+    tests: attempts requeued after a failure, retried after a handler error (``retry_on``),
+    preempted, timed out, given up.
     """
 
     done: int = 0
@@ -32,6 +33,7 @@ class JobStats:
     waiting: int = 0
     service_time: float = 0.0
     requeued: int = 0
+    retried: int = 0
     preempted: int = 0
     timed_out: int = 0
     gave_up: int = 0

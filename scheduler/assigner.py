@@ -337,10 +337,22 @@ class Assigner:
             )
 
     def problem_of(self, job: Job) -> str:
-        """Why a runnable job has no slots, as far as the scheduler can tell ("" if it has some)."""
-        if not job.runnable or self.slots_of(job.id):
+        """Why a runnable job has no slots, as far as the scheduler can tell ("" if it has some),
+        or why it cannot have its ``min_slots`` (more than the daemons that allow it have: a
+        job may ask for more than the cluster has now, since daemons may join later)."""
+        if not job.runnable:
             return ""
         sessions = list(self._registry)
+        wanted = job.settings.min_slots
+        if wanted and sessions:
+            there = sum(s.info.slots for s in sessions if allowed(job.handler, s.info.allow))
+            if wanted > there:
+                return (
+                    f"min_slots={wanted} but the daemons that allow handler {job.handler!r} have"
+                    f" {there} slot(s) in all: it runs on fewer until more daemons connect"
+                )
+        if self.slots_of(job.id):
+            return ""
         if not sessions:
             return "no daemon is connected"
         allowing = sum(allowed(job.handler, s.info.allow) for s in sessions)

@@ -40,13 +40,17 @@ _QUEUE_TYPE: Final = {
 def settings_pb(settings: JobSettings) -> common_pb2.JobSettings:
     return common_pb2.JobSettings(
         min_slots=settings.min_slots,
-        max_slots=settings.max_slots,
+        max_slots=settings.max_slots or None,  # unset: no limit (an explicit 0 is refused)
         preemption=_PREEMPTION[settings.preemption],
         task_timeout=settings.task_timeout,
         max_attempts=settings.max_attempts,
         queue_type=_QUEUE_TYPE[settings.queue_type],
         priorities=settings.priorities,
         no_frames=not settings.frames,
+        retry_on=settings.retry_on,
+        backoff_initial=settings.backoff_initial,
+        backoff_max=settings.backoff_max,
+        codec="" if settings.codec == "msgpack" else settings.codec,
     )
 
 

@@ -56,6 +56,8 @@ class QueueType(enum.Enum):
 
 
 DEFAULT_MAX_ATTEMPTS: Final = 3
+DEFAULT_BACKOFF: Final = (1.0, 60.0)
+"""Seconds before a task's first retry, and the longest wait between two of its attempts."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,9 @@ class JobSettings:
 
     ``frames``: small tasks and results are packed into frames under load (``truba.v1``'s
     ``no_frames`` inverted); False sends each in its own AMQP message.
+    ``retry_on``: exception names after which a task that raised is tried again (after a
+    backoff from ``backoff_initial`` doubling up to ``backoff_max`` seconds); ``codec``:
+    ``"msgpack"`` or ``"pickle"``.
     """
 
     min_slots: int = 0
@@ -74,6 +79,10 @@ class JobSettings:
     queue_type: QueueType = QueueType.QUORUM
     priorities: bool = False
     frames: bool = True
+    retry_on: tuple[str, ...] = ()
+    backoff_initial: float = DEFAULT_BACKOFF[0]
+    backoff_max: float = DEFAULT_BACKOFF[1]
+    codec: str = "msgpack"
 
 
 @dataclass(frozen=True)

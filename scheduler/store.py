@@ -252,4 +252,8 @@ def settings_from_json(text: str) -> JobSettings:
         queue_type=QueueType(data.get("queue_type", defaults.queue_type.value)),
         priorities=bool(data.get("priorities", defaults.priorities)),
         frames=bool(data.get("frames", defaults.frames)),
+        retry_on=tuple(str(name) for name in data.get("retry_on", defaults.retry_on)),
+        backoff_initial=float(data.get("backoff_initial", defaults.backoff_initial)),
+        backoff_max=float(data.get("backoff_max", defaults.backoff_max)),
+        codec=str(data.get("codec", defaults.codec)),
     )

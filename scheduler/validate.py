@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from typing import Final
 
 from truba.proto.v1 import common_pb2
 from truba.scheduler.errors import InvalidArgument
-from truba.scheduler.model import DEFAULT_MAX_ATTEMPTS, JobSettings, Preemption, QueueType
+from truba.scheduler.model import DEFAULT_BACKOFF, DEFAULT_MAX_ATTEMPTS, JobSettings, Preemption, QueueType
 
 MAX_HANDLER: Final = 512
 MAX_NAME: Final = 200
@@ -48,6 +49,8 @@ def check_importance(importance: float) -> float:
     Raises:
         InvalidArgument: zero (also what an unset field reads as), negative, NaN or infinite.
     """
+    if importance == 0:  # also what an unset field reads as
+        raise InvalidArgument("importance", "required: a finite number > 0 (got 0 or none)")
     if not (math.isfinite(importance) and importance > 0):
         raise InvalidArgument("importance", f"must be a finite number > 0, got {importance:g}")
     return importance
@@ -117,6 +120,9 @@ def check_slots(slots: int) -> int:
 
 MAX_SLOTS_SETTING: Final = 1_000_000
 MAX_ATTEMPTS: Final = 1000
+MAX_RETRY_ON: Final = 64
+MAX_BACKOFF: Final = 24 * 3600.0
+_CODECS: Final = {"": "msgpack", "msgpack": "msgpack", "pickle": "pickle"}
 
 _PREEMPTION: Final = {
     common_pb2.PREEMPTION_UNSPECIFIED: Preemption.GRACEFUL,
@@ -143,6 +149,12 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
     if settings.min_slots > MAX_SLOTS_SETTING:
         raise InvalidArgument(
             "settings.min_slots", f"must be at most {MAX_SLOTS_SETTING}, got {settings.min_slots}"
+        )
+    if settings.HasField("max_slots") and settings.max_slots == 0:
+        raise InvalidArgument("settings.max_slots", "must be at least 1 (leave it unset for no limit), got 0")
+    if settings.HasField("max_attempts") and settings.max_attempts == 0:
+        raise InvalidArgument(
+            "settings.max_attempts", "must be at least 1 (leave it unset for the default), got 0"
         )
     if settings.max_slots > MAX_SLOTS_SETTING:
         raise InvalidArgument(
@@ -178,6 +190,16 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
             "settings.priorities",
             "needs queue_type classic: quorum queues of RabbitMQ 3.x have no priorities",
         )
+    codec = _CODECS.get(settings.codec)
+    if codec is None:
+        raise InvalidArgument("settings.codec", f"must be one of 'msgpack', 'pickle', got {settings.codec!r}")
+    backoff_initial, backoff_max = check_backoff(settings.backoff_initial, settings.backoff_max)
+    if settings.retry_on and backoff_max + timeout > consumer_timeout:
+        raise InvalidArgument(
+            "settings.backoff_max",
+            f"{backoff_max:g}s (+ task_timeout {timeout:g}s) exceeds the brokers' consumer_timeout of"
+            f" {consumer_timeout:g}s: a task waits out its retry backoff holding its delivery; lower it",
+        )
     return JobSettings(
         min_slots=settings.min_slots,
         max_slots=settings.max_slots,
@@ -187,4 +209,44 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
         queue_type=queue_type,
         priorities=settings.priorities,
         frames=not settings.no_frames,
+        retry_on=check_retry_on(settings.retry_on),
+        backoff_initial=backoff_initial,
+        backoff_max=backoff_max,
+        codec=codec,
     )
+
+
+def check_retry_on(names: Sequence[str]) -> tuple[str, ...]:
+    """Exception names as ``retry_on`` lists them: dotted identifiers, at most :data:`MAX_RETRY_ON`.
+
+    Raises:
+        InvalidArgument: too many, or one that is not a dotted name.
+    """
+    if len(names) > MAX_RETRY_ON:
+        raise InvalidArgument("settings.retry_on", f"at most {MAX_RETRY_ON} names, got {len(names)}")
+    for name in names:
+        if not (0 < len(name) <= MAX_HANDLER and _dotted(name)):
+            raise InvalidArgument(
+                "settings.retry_on", f"must list names like 'package.module.Error', got {name!r}"
+            )
+    return tuple(dict.fromkeys(names))
+
+
+def check_backoff(initial: float, longest: float) -> tuple[float, float]:
+    """A retry backoff's first and longest wait in seconds, 0 meaning the default of each.
+
+    Raises:
+        InvalidArgument: negative, not finite, above a day, or a longest below the first.
+    """
+    for field, value in (("backoff_initial", initial), ("backoff_max", longest)):
+        if not (math.isfinite(value) and 0 <= value <= MAX_BACKOFF):
+            raise InvalidArgument(
+                f"settings.{field}", f"must be 0 (default) to {MAX_BACKOFF:g} seconds, got {value:g}"
+            )
+    initial = initial or DEFAULT_BACKOFF[0]
+    longest = longest or max(DEFAULT_BACKOFF[1], initial)
+    if longest < initial:
+        raise InvalidArgument(
+            "settings.backoff_max", f"must be at least backoff_initial={initial:g}, got {longest:g}"
+        )
+    return initial, longest

@@ -3,8 +3,10 @@
 isort:skip_file
 Messages shared by the truba control-plane services."""
 
+from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 import builtins as _builtins
 import sys
@@ -134,15 +136,19 @@ class JobSettings(_message.Message):
     QUEUE_TYPE_FIELD_NUMBER: _builtins.int
     PRIORITIES_FIELD_NUMBER: _builtins.int
     NO_FRAMES_FIELD_NUMBER: _builtins.int
+    RETRY_ON_FIELD_NUMBER: _builtins.int
+    BACKOFF_INITIAL_FIELD_NUMBER: _builtins.int
+    BACKOFF_MAX_FIELD_NUMBER: _builtins.int
+    CODEC_FIELD_NUMBER: _builtins.int
     min_slots: _builtins.int
     """At least this many slots whenever the cluster has them (0: none guaranteed)."""
     max_slots: _builtins.int
-    """At most this many slots (0: no limit)."""
+    """At most this many slots; unset: no limit. An explicit 0 is refused (it used to mean no limit)."""
     preemption: Global___Preemption.ValueType
     task_timeout: _builtins.float
     """Seconds one attempt of a task may run before its slot is killed (0: no limit)."""
     max_attempts: _builtins.int
-    """Attempts before a task is given up (0: the default, 3)."""
+    """Attempts before a task is given up; unset: the default, 3. An explicit 0 is refused."""
     queue_type: Global___QueueType.ValueType
     priorities: _builtins.bool
     """Tasks carry a priority 0..9 (queues declared with x-max-priority); classic queues only."""
@@ -150,22 +156,50 @@ class JobSettings(_message.Message):
     """Tasks and results travel one per AMQP message (frame batching off; see truba.pipes.frame).
     Default (false): small messages are packed into frames under load.
     """
+    backoff_initial: _builtins.float
+    """Seconds before the first retry of a task (0: the default, 1 s); doubled for each attempt
+    after, with jitter, up to backoff_max.
+    """
+    backoff_max: _builtins.float
+    """The longest wait between two attempts of a task (0: the default, 60 s)."""
+    codec: _builtins.str
+    """How payloads and results are encoded: "" (msgpack with truba's extension types) or
+    "pickle" (run only by daemons started with --allow-pickle).
+    """
+    @_builtins.property
+    def retry_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Exceptions after which a task that raised is tried again (up to max_attempts), by name:
+        "module.Qualname", or the bare name of a builtin ("TimeoutError"). A subclass matches.
+        Empty: a handler's exception is the task's outcome at once.
+        """
+
     def __init__(
         self,
         *,
         min_slots: _builtins.int = ...,
-        max_slots: _builtins.int = ...,
+        max_slots: _builtins.int | None = ...,
         preemption: Global___Preemption.ValueType = ...,
         task_timeout: _builtins.float = ...,
-        max_attempts: _builtins.int = ...,
+        max_attempts: _builtins.int | None = ...,
         queue_type: Global___QueueType.ValueType = ...,
         priorities: _builtins.bool = ...,
         no_frames: _builtins.bool = ...,
+        retry_on: _abc.Iterable[_builtins.str] | None = ...,
+        backoff_initial: _builtins.float = ...,
+        backoff_max: _builtins.float = ...,
+        codec: _builtins.str = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "_max_slots", b"_max_slots", "max_attempts", b"max_attempts", "max_slots", b"max_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "no_frames", b"no_frames", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "task_timeout", b"task_timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "_max_slots", b"_max_slots", "backoff_initial", b"backoff_initial", "backoff_max", b"backoff_max", "codec", b"codec", "max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "no_frames", b"no_frames", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "retry_on", b"retry_on", "task_timeout", b"task_timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
-    def WhichOneof(self, oneof_group: _Never) -> None: ...
+    _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
+    _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015
+    _WhichOneofReturnType__max_slots: _TypeAlias = _typing.Literal["max_slots"]  # noqa: Y015
+    _WhichOneofArgType__max_slots: _TypeAlias = _typing.Literal["_max_slots", b"_max_slots"]  # noqa: Y015
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_attempts) -> _WhichOneofReturnType__max_attempts | None: ...
+    @_typing.overload
+    def WhichOneof(self, oneof_group: _WhichOneofArgType__max_slots) -> _WhichOneofReturnType__max_slots | None: ...
 
 Global___JobSettings: _TypeAlias = JobSettings  # noqa: Y015

@@ -2,7 +2,9 @@
 
 Both are msgpack arrays whose first element is a format version, so the format can evolve and
 anything else is recognised as foreign. Payloads and results are msgpack values (None, bool,
-int, float, str, bytes, lists, dicts); anything else is refused with a CodecError that says so.
+int, float, str, bytes, lists, dicts) and truba's extension types (datetimes, dates, UUIDs,
+Decimals, numpy arrays: :mod:`truba.codec`); anything else is refused with a CodecError that
+says so.
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
@@ -22,6 +24,7 @@ from typing import Final
 
 import msgpack
 
+from truba import codec
 from truba.pipes.errors import CodecError
 
 FORMAT: Final = 1
@@ -90,14 +93,14 @@ class GaveUpRecord:
 
 def _pack(obj: object, what: str) -> bytes:
     try:
-        return msgpack.packb(obj, use_bin_type=True)  # type: ignore[no-any-return]
+        return codec.packb(obj)
     except (TypeError, ValueError, OverflowError) as exc:
         raise CodecError(f"{what} is not msgpack-serializable: {exc}") from exc
 
 
 def _unpack(data: bytes, what: str) -> list[object]:
     try:
-        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        obj = codec.unpackb(data)
     except Exception as exc:  # msgpack raises several unrelated types on garbage
         raise CodecError(f"{what}: not msgpack ({type(exc).__name__}: {exc})") from exc
     if not isinstance(obj, list) or not obj or obj[0] != FORMAT:
@@ -150,7 +153,14 @@ class ResultCodec:
     """``ResultMessage`` <-> ``[1, task_id, ok, value | [type, message, traceback], daemon, seconds]``.
 
     Followed by ``{"attempts": n, "gave_up": true}`` when either differs from its default.
+
+    ``unpickle``: the client's codec for a job with ``codec="pickle"``: a value is unpickled as it
+    is decoded; one that cannot be is the task's error (``ResultNotUnpickled``), so the task still
+    has its outcome.
     """
+
+    def __init__(self, *, unpickle: bool = False) -> None:
+        self.unpickle = unpickle
 
     def encode(self, message: ResultMessage) -> bytes:
         if message.ok:
@@ -187,6 +197,11 @@ class ResultCodec:
         gave_up = extras.get("gave_up", False)
         if not isinstance(gave_up, bool):
             raise CodecError("result: gave_up must be a bool")
+        if ok and self.unpickle:
+            try:
+                body = codec.unpickled(body)
+            except Exception as exc:  # whatever unpickling raises: the outcome says it
+                ok, body = False, ["ResultNotUnpickled", f"{type(exc).__name__}: {exc}", ""]
         if ok:
             return ResultMessage(task_id, True, body, None, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
         if not (isinstance(body, list) and len(body) == 3 and all(isinstance(x, str) for x in body)):

@@ -183,7 +183,7 @@ async def test_cancel_deletes_the_queues_from_every_broker(
         ("x", 1.0, "handler: must look like 'package.module:function', got 'x'"),
         ("", 1.0, "handler: required"),
         (HANDLER, -1.0, "importance: must be a finite number > 0, got -1"),
-        (HANDLER, 0.0, "importance: must be a finite number > 0, got 0"),
+        (HANDLER, 0.0, "importance: required: a finite number > 0 (got 0 or none)"),
         (HANDLER, math.nan, "importance: must be a finite number > 0, got nan"),
         (HANDLER, math.inf, "importance: must be a finite number > 0, got inf"),
     ],

@@ -21,8 +21,9 @@ from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms, SlotPolicy
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeBroken
+from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeListener, FakeSender
-from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
+from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskMessage
 
 
 class FakeSlot:
@@ -38,16 +39,24 @@ class FakeSlot:
         """How tasks were handed over, in order: "run", "send 3", "batch 2"."""
         self.killed = 0
         self.restarted = 0
+        self.handlers: list[str] = []
+        """The handler names tasks were run with (``run`` only)."""
         self._owed: list[tuple[str, object]] = []
 
     def _answer(self, task_id: str, payload: object) -> SlotReply:
         if payload == "die":
             raise SlotDied(f"slot exited while running {task_id}")
         self.tasks_run += 1
+        if isinstance(payload, list) and payload and payload[0] == "raise":  # ["raise", *class names]
+            kinds = tuple(str(kind) for kind in payload[1:])
+            return SlotReply(
+                task_id, False, None, ErrorInfo(kinds[0].rpartition(".")[2], "boom"), 0.001, kinds
+            )
         return SlotReply(task_id, True, payload, None, 0.001)
 
     async def run(self, handler: str, task_id: str, payload: object) -> SlotReply:
         self.ran.append("run")
+        self.handlers.append(handler)
         if payload == "hang":
             await asyncio.Event().wait()
         return self._answer(task_id, payload)
@@ -131,6 +140,8 @@ class Rig:
         terms = JobTerms("h", settings or JobSettings(), policy or SlotPolicy())
         ends = TaskEndings(JobPipes(self.tasks, self.results, self.requeue, self.dead), "d1", self.stats)
         returns = Returns("j1", self.tasks, ends, terms, self.crew.broke, stop_timeout=1.0, cancel_quiet=0.0)
+        self.window = returns.window = Window(1)
+        self.returns = returns
         self.execution = Execution(terms, self.crew, self.stats, ends, returns, "d1")
         self.slot = FakeSlot()
         self.worker = Worker(cast(SlotProcess, self.slot))
@@ -236,3 +247,66 @@ async def test_a_worker_taken_away_now_puts_a_delivery_back_without_running_it()
     [delivery] = await rig.deliveries(TaskMessage("t", 1))
     await rig.execution.run_one(rig.worker, delivery)
     assert rig.slot.ran == [] and rig.requeue.sent == [TaskMessage("t", 1)]
+
+
+RETRYING = JobSettings(max_attempts=3, retry_on=frozenset({"TimeoutError", "mypkg.Busy"}), backoff=(0.2, 0.2))
+
+
+async def test_a_listed_exception_frees_the_slot_and_requeues_the_task_after_its_backoff() -> None:
+    rig = Rig(RETRYING)
+    # Given a handler that raised a subclass of a listed exception (its MRO names it)
+    [delivery] = await rig.deliveries(TaskMessage("t", ["raise", "mypkg.Sub", "mypkg.Busy", "Exception"]))
+    await rig.execution.run_one(rig.worker, delivery)
+    # Then the slot is free at once, no outcome goes out, and the task waits, its delivery unacked
+    assert not rig.worker.busy and rig.results.sent == [] and rig.requeue.sent == []
+    assert rig.returns.retrying == 1 and rig.tasks.acked == []
+    await eventually(lambda: rig.window.size == 2)  # widened: the waiting delivery holds no slot's credit
+    # And after the backoff (0.1-0.2 s with jitter) it goes back with the attempt counted
+    await eventually(lambda: len(rig.requeue.sent) == 1)
+    assert rig.requeue.sent[0].attempts == 1 and rig.stats.retried == 1
+    await eventually(lambda: rig.tasks.acked == [delivery.message])
+    assert rig.returns.retrying == 0 and rig.window.size == 1
+
+
+async def test_an_unlisted_exception_is_the_outcome_at_once() -> None:
+    rig = Rig(RETRYING)
+    [delivery] = await rig.deliveries(TaskMessage("t", ["raise", "ValueError", "Exception"]))
+    await rig.execution.run_one(rig.worker, delivery)
+    [result] = rig.results.sent
+    assert not result.ok and result.attempts == 1 and rig.returns.retrying == 0
+
+
+async def test_a_listed_exception_on_the_last_attempt_is_the_outcome_with_every_attempt_counted() -> None:
+    rig = Rig(RETRYING)
+    [delivery] = await rig.deliveries(TaskMessage("t", ["raise", "TimeoutError"], attempts=2))
+    await rig.execution.run_one(rig.worker, delivery)
+    [result] = rig.results.sent
+    assert not result.ok and not result.gave_up and result.attempts == 3
+    assert result.error is not None and result.error.type == "TimeoutError"
+
+
+async def test_a_task_waiting_to_be_retried_goes_back_at_once_when_the_job_leaves() -> None:
+    settings = JobSettings(max_attempts=3, retry_on=frozenset({"TimeoutError"}), backoff=(60.0, 60.0))
+    rig = Rig(settings)
+    [delivery] = await rig.deliveries(TaskMessage("t", ["raise", "TimeoutError"]))
+    await rig.execution.run_one(rig.worker, delivery)
+    rig.returns.stop_taking()
+    await asyncio.wait_for(rig.returns.put_back_done(), 5.0)
+    assert [t.attempts for t in rig.requeue.sent] == [1]
+
+
+async def test_a_pickle_job_on_a_daemon_without_allow_pickle_gets_a_pickle_refused_outcome_at_once() -> None:
+    rig = Rig(JobSettings(pickle=True))
+    [delivery] = await rig.deliveries(TaskMessage("t", 1))
+    await rig.execution.run_one(rig.worker, delivery)
+    [result] = rig.results.sent
+    assert not result.ok and result.error is not None and result.error.type == "PickleRefused"
+    assert "--allow-pickle" in result.error.message and rig.slot.ran == []
+    await eventually(lambda: rig.tasks.acked == [delivery.message])
+
+
+async def test_a_pickle_job_on_a_daemon_with_allow_pickle_runs_with_pickled_payloads() -> None:
+    rig = Rig(JobSettings(pickle=True), SlotPolicy(allow_pickle=True))
+    [delivery] = await rig.deliveries(TaskMessage("t", 1))
+    await rig.execution.run_one(rig.worker, delivery)
+    assert rig.slot.handlers == ["h|pickle"] and rig.outcomes() == {"t": 1}

@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import datetime
+import decimal
+import uuid
 from collections.abc import AsyncIterator
 
 import pytest
 
+from truba import codec
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.slot_process import SlotDied, SlotProcess
@@ -52,3 +56,42 @@ async def test_a_crashing_handler_raises_slot_died_and_the_slot_restarts(slot: S
         await slot.run("tests.handlers.basic:crash", "t1", None)
     reply = await slot.run("tests.handlers.basic:echo", "t2", 5)
     assert reply.value == 5
+
+
+async def test_a_raising_handler_reports_its_exception_classes_for_retry_on(slot: SlotProcess) -> None:
+    reply = await slot.run("tests.handlers.flaky:busy_twice", "t", "/nonexistent/dir/counter")
+    assert not reply.ok and reply.kinds[0] == "FileNotFoundError" and "OSError" in reply.kinds
+
+
+async def test_datetimes_uuids_and_decimals_reach_the_handler_and_come_back(slot: SlotProcess) -> None:
+    value = {
+        "at": datetime.datetime(2026, 1, 2, 3, 4, tzinfo=datetime.UTC),
+        "id": uuid.uuid4(),
+        "n": decimal.Decimal("1.5"),
+    }
+    reply = await slot.run("tests.handlers.basic:echo", "t", value)
+    assert reply.ok and reply.value == value
+
+
+async def test_a_numpy_array_reaches_the_handler_and_comes_back(slot: SlotProcess) -> None:
+    np = pytest.importorskip("numpy")
+    array = np.arange(6, dtype=np.float32).reshape(2, 3)
+    reply = await slot.run("tests.handlers.basic:echo", "t", array)
+    assert reply.ok and isinstance(reply.value, np.ndarray) and np.array_equal(reply.value, array)
+
+
+async def test_a_pickle_job_s_slot_unpickles_payloads_and_pickles_results(slot: SlotProcess) -> None:
+    payload = {"a set": {1, 2}, "a complex": 1 + 2j}
+    reply = await slot.run("tests.handlers.basic:echo|pickle", "t", codec.pickled(payload))
+    assert reply.ok and codec.unpickled(reply.value) == payload
+
+
+async def test_a_pickle_job_s_payload_that_is_not_pickled_is_an_error_not_a_guess(slot: SlotProcess) -> None:
+    reply = await slot.run("tests.handlers.basic:echo|pickle", "t", b"plain bytes")
+    assert not reply.ok and reply.error is not None and reply.error.type == "NotPickled"
+
+
+async def test_a_pickled_value_is_never_unpickled_by_a_plain_job_s_slot(slot: SlotProcess) -> None:
+    crafted = codec.pickled({"would": "run code"})
+    reply = await slot.run("tests.handlers.basic:echo", "t", crafted)
+    assert reply.ok and reply.value == crafted  # handed over as the opaque extension it is

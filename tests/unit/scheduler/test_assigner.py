@@ -8,7 +8,7 @@ import grpc
 from tests.unit.scheduler.fakes import ManualClock
 from truba.proto.v1 import daemons_pb2
 from truba.scheduler.assigner import Assigner
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job, JobSettings, JobState
 from truba.scheduler.registry import DaemonInfo, DaemonRegistry, DaemonSession
 
 HANDLER = "examples.math:square"
@@ -213,3 +213,17 @@ async def test_handlers_no_connected_daemon_allows_are_explained(clock: ManualCl
         assert str(exc) == expected
     else:
         raise AssertionError("check_allowed passed")
+
+
+async def test_min_slots_100_on_a_4_slot_cluster_is_accepted_and_its_problem_says_so(
+    clock: ManualClock,
+) -> None:
+    assigner, jobs, _ = make(clock)
+    job = dataclasses.replace(jobs.add("big"), settings=JobSettings(min_slots=100))
+    assigner.connect(session(clock, "d1", slots=4))
+    assert assigner.problem_of(job) == (
+        f"min_slots=100 but the daemons that allow handler {HANDLER!r} have 4 slot(s) in all:"
+        " it runs on fewer until more daemons connect"
+    )
+    assigner.connect(session(clock, "d2", slots=96))
+    assert "min_slots" not in assigner.problem_of(job)

@@ -33,6 +33,8 @@ def test_frames_on_is_the_message_default() -> None:
         preemption=common_pb2.PREEMPTION_GRACEFUL,
         max_attempts=3,
         queue_type=common_pb2.QUEUE_TYPE_QUORUM,
+        backoff_initial=1.0,
+        backoff_max=60.0,
     )
     assert not settings_pb(JobSettings()).no_frames
 

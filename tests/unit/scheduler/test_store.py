@@ -181,3 +181,11 @@ def test_settings_json_round_trips_frames() -> None:
         settings = JobSettings(frames=frames)
         assert settings_from_json(settings_json(settings)) == settings
     assert settings_from_json("{}").frames is True
+
+
+def test_a_job_s_retry_settings_and_codec_survive_a_scheduler_restart() -> None:
+    settings = JobSettings(
+        retry_on=("TimeoutError", "a.b.Busy"), backoff_initial=0.5, backoff_max=9.0, codec="pickle"
+    )
+    assert settings_from_json(settings_json(settings)) == settings
+    assert settings_from_json("{}") == JobSettings()  # rows of older schedulers take the defaults

@@ -57,7 +57,7 @@ def test_empty_and_huge_handlers_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("importance", "shown"),
-    [(0.0, "0"), (-1.0, "-1"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")],
+    [(-1.0, "-1"), (math.nan, "nan"), (math.inf, "inf"), (-math.inf, "-inf")],
 )
 def test_importance_must_be_finite_and_positive(importance: float, shown: str) -> None:
     with pytest.raises(InvalidArgument) as caught:
@@ -156,3 +156,54 @@ def test_frames_are_on_unless_the_job_sets_no_frames() -> None:
     assert check_settings(common_pb2.JobSettings(), consumer_timeout=1800).frames
     off = check_settings(common_pb2.JobSettings(no_frames=True), consumer_timeout=1800)
     assert off == JobSettings(frames=False)
+
+
+def test_an_explicit_max_attempts_0_is_refused_not_turned_into_3() -> None:
+    with pytest.raises(InvalidArgument, match="^settings.max_attempts: must be at least 1"):
+        check_settings(common_pb2.JobSettings(max_attempts=0), consumer_timeout=1800)
+    assert check_settings(common_pb2.JobSettings(), consumer_timeout=1800).max_attempts == 3
+
+
+def test_an_explicit_max_slots_0_is_refused_and_unset_is_no_limit() -> None:
+    with pytest.raises(InvalidArgument, match="^settings.max_slots: must be at least 1"):
+        check_settings(common_pb2.JobSettings(max_slots=0), consumer_timeout=1800)
+    assert check_settings(common_pb2.JobSettings(), consumer_timeout=1800).max_slots == 0
+
+
+def test_an_unset_importance_says_it_is_required() -> None:
+    with pytest.raises(
+        InvalidArgument, match=r"^importance: required: a finite number > 0 \(got 0 or none\)"
+    ):
+        check_importance(0.0)
+
+
+def test_retry_on_backoff_and_codec_are_checked_and_kept() -> None:
+    given = common_pb2.JobSettings(retry_on=["TimeoutError", "a.b.Busy"], backoff_initial=0.5, codec="pickle")
+    settings = check_settings(given, consumer_timeout=1800)
+    assert settings.retry_on == ("TimeoutError", "a.b.Busy")
+    assert (settings.backoff_initial, settings.backoff_max, settings.codec) == (0.5, 60.0, "pickle")
+
+
+@pytest.mark.parametrize(
+    ("given", "field"),
+    [
+        (common_pb2.JobSettings(retry_on=["not a name"]), "settings.retry_on"),
+        (common_pb2.JobSettings(retry_on=[f"E{i}" for i in range(65)]), "settings.retry_on"),
+        (common_pb2.JobSettings(backoff_initial=-1), "settings.backoff_initial"),
+        (common_pb2.JobSettings(backoff_initial=5, backoff_max=1), "settings.backoff_max"),
+        (common_pb2.JobSettings(backoff_max=math.inf), "settings.backoff_max"),
+        (common_pb2.JobSettings(codec="json"), "settings.codec"),
+    ],
+)
+def test_bad_retry_settings_name_their_field(given: common_pb2.JobSettings, field: str) -> None:
+    with pytest.raises(InvalidArgument, match=f"^{field}: "):
+        check_settings(given, consumer_timeout=1800)
+
+
+def test_a_retry_backoff_longer_than_the_consumer_timeout_is_refused() -> None:
+    given = common_pb2.JobSettings(
+        retry_on=["TimeoutError"], backoff_initial=10, backoff_max=100, task_timeout=50
+    )
+    with pytest.raises(InvalidArgument, match="^settings.backoff_max: 100s .* consumer_timeout of 120s"):
+        check_settings(given, consumer_timeout=120)
+    assert check_settings(given, consumer_timeout=150).backoff_max == 100
