@@ -78,11 +78,17 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
 
     def _pb(self, job: Job) -> jobs_pb2.Job:
         closed = job.submitted if job.state is not JobState.OPEN else 0
+        counts = self._jobs.counters.shown(
+            job.id,
+            closed,
+            ended=not job.runnable,
+            all_outcomes=job.state is JobState.FINISHED and job.closed_at is not None,
+        )
         return job_pb(
             job,
             assigned_slots=self._assigner.slots_of(job.id),
             problem=self._assigner.problem_of(job),
-            counts=self._jobs.counters.counts(job.id, closed),
+            counts=counts,
             fair_share=self._assigner.fair_share_of(job.id),
         )
 
