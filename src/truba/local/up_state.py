@@ -49,16 +49,24 @@ class SavedCluster:
 
     @classmethod
     def load(cls, state: Path) -> SavedCluster:
-        """The saved layout; an empty one when there is none (or it cannot be read)."""
+        """The saved layout; what cannot be read of it is left empty."""
+        saved = cls()
         try:
             data = json.loads((state / LAYOUT_FILE).read_text())
-            return cls(
-                nodes=[SavedNode(str(n["name"]), int(n["port"]), int(n["dist_port"])) for n in data["nodes"]],
-                scheduler=str(data.get("scheduler", "")),
-                pids=[(int(pid), int(start)) for pid, start in data.get("pids", [])],
-            )
-        except (OSError, ValueError, KeyError, TypeError):
-            return cls()
+        except (OSError, ValueError):
+            return saved
+        try:
+            saved.nodes = [
+                SavedNode(str(n["name"]), int(n["port"]), int(n["dist_port"])) for n in data["nodes"]
+            ]
+            saved.scheduler = str(data.get("scheduler", ""))
+        except (KeyError, TypeError, ValueError, AttributeError):
+            saved.nodes, saved.scheduler = [], ""
+        try:
+            saved.pids = [(int(pid), int(start)) for pid, start in data.get("pids", [])]
+        except (TypeError, ValueError, AttributeError):
+            saved.pids = []
+        return saved
 
     def save(self, state: Path) -> None:
         """Writes the layout (atomically: a crash leaves the old one or the new one)."""

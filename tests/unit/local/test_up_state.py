@@ -18,6 +18,14 @@ def test_the_layout_round_trips_and_a_missing_one_is_empty(tmp_path: Path) -> No
     assert SavedCluster.load(tmp_path) == saved
 
 
+def test_a_layout_with_unreadable_pids_keeps_its_nodes(tmp_path: Path) -> None:
+    (tmp_path / "cluster.json").write_text(
+        '{"nodes": [{"name": "n@localhost", "port": 1, "dist_port": 2}], "scheduler": "h:3", "pids": [7]}'
+    )
+    saved = SavedCluster.load(tmp_path)
+    assert (saved.nodes, saved.scheduler, saved.pids) == ([SavedNode("n@localhost", 1, 2)], "h:3", [])
+
+
 def test_a_second_truba_up_on_a_state_in_use_is_told_which_pid_holds_it(tmp_path: Path) -> None:
     # `scripts/demo` while a cluster was up said only "scheduler exited with 1; see …/scheduler.log"
     with owning(tmp_path), pytest.raises(StateInUse) as refused, owning(tmp_path):
