@@ -4,7 +4,9 @@
 truba process (scheduler, daemons) and local node that died is reaped at once (no zombie), one
 line says so, and it is started again after a delay that doubles on every death in quick
 succession (1 s, 2 s, 4 s … at most :data:`MAX_DELAY`) and starts over once the process has run
-for :data:`STABLE_AFTER` seconds. A node restarts with its name, ports and data.
+for :data:`STABLE_AFTER` seconds. A node restarts with its name, ports and data. A process that
+exits with status 0 was told to (``truba drain``, a SIGTERM from its owner): it is reported and
+left stopped.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ class Supervisor:
     say: Callable[[str], None]
     clock: Callable[[], float] = time.monotonic
     on_restart: Callable[[], None] = lambda: None
-    """Called after each restart (``truba up`` saves the new pids)."""
+    """Called after each restart or removal (``truba up`` saves the pids)."""
     _backoff: dict[str, _Backoff] = field(default_factory=dict)
     _node_started: dict[str, float] = field(default_factory=dict)
 
@@ -73,6 +75,13 @@ class Supervisor:
     def _check_process(self, process: TrubaProcess, now: float) -> None:
         code = process.popen.poll()  # reaps a dead child
         if code is None:
+            return
+        if code == 0:  # it was told to go (a drained daemon): a restart would undo that
+            self.cluster.processes.remove(process)
+            self.say(
+                f"{process.name} (pid {process.pid}) exited with 0 (drained or stopped); not restarting it"
+            )
+            self.on_restart()
             return
         backoff = self._backoff.get(process.name)
         if backoff is None or backoff.due is None:

@@ -124,8 +124,10 @@ def _bindable(host: str, port: int) -> bool:
 
 
 def _save(cluster: LocalCluster, state: Path) -> None:
+    """Writes the layout; a run on ``--broker`` URLs keeps the saved local nodes for the next one."""
+    nodes = [SavedNode(n.nodename, n.port, n.dist_port) for n in cluster.nodes]
     SavedCluster(
-        nodes=[SavedNode(n.nodename, n.port, n.dist_port) for n in cluster.nodes],
+        nodes=nodes or SavedCluster.load(state).nodes,
         scheduler=cluster.address,
         pids=[(p.pid, started_at(p.pid)) for p in cluster.processes],
     ).save(state)

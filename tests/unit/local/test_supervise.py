@@ -24,12 +24,12 @@ def test_a_dead_daemon_is_reaped_reported_once_and_restarted_with_backoff(tmp_pa
     clock = Clock()
     supervisor = Supervisor(cluster, said.append, clock=clock)
     try:
-        first = cluster.spawn("daemon-0", ["--version"])  # exits at once, as a crashed daemon would
+        first = cluster.spawn("daemon-0", ["no-such-verb"])  # exits at once with 2, as a crash would
         first.popen.wait(30)
         supervisor.check()
         assert not Path(f"/proc/{first.pid}").exists()  # reaped: no zombie left
         assert said == [
-            f"daemon-0 (pid {first.pid}) exited with 0; restarting it in 1 s (log: {first.log_path})"
+            f"daemon-0 (pid {first.pid}) exited with 2; restarting it in 1 s (log: {first.log_path})"
         ]
         clock.now += 0.5
         supervisor.check()
@@ -45,6 +45,23 @@ def test_a_dead_daemon_is_reaped_reported_once_and_restarted_with_backoff(tmp_pa
         cluster.stop()
     markers = [line for line in first.log_path.read_text().splitlines() if line.startswith("--- truba: ")]
     assert [m.split()[3] for m in markers] == ["started", "restarted"]
+
+
+def test_a_daemon_that_exits_cleanly_after_a_drain_is_not_restarted(tmp_path: Path) -> None:
+    cluster = LocalCluster(tmp_path)
+    said: list[str] = []
+    clock = Clock()
+    supervisor = Supervisor(cluster, said.append, clock=clock)
+    try:
+        drained = cluster.spawn("daemon-1", ["--version"])  # exits with 0, as a drained daemon does
+        drained.popen.wait(30)
+        supervisor.check()
+        clock.now += 60
+        supervisor.check()
+    finally:
+        cluster.stop()
+    assert cluster.processes == []
+    assert said == [f"daemon-1 (pid {drained.pid}) exited with 0 (drained or stopped); not restarting it"]
 
 
 def test_each_run_starts_a_fresh_log_and_keeps_the_previous_one(tmp_path: Path) -> None:
