@@ -108,7 +108,7 @@ def print_job(job: jobs_pb2.Job) -> None:
             f"submitted {c.submitted}, done {c.done}, failed {c.failed}, running {c.running}, "
             f"backlog {c.backlog}" + (f"; {c.service_time:.3g} s a task" if c.service_time else ""),
         ),
-        ("settings", ", ".join(f"{key} {_word(value)}" for key, value in s.items())),
+        ("settings", ", ".join(f"{key} {_setting(key, value)}" for key, value in s.items())),
         ("created", iso_time(job.created_at) or "-"),
         ("closed", iso_time(job.closed_at) or "-"),
         ("ended", iso_time(job.finished_at) or "-"),
@@ -119,7 +119,9 @@ def print_job(job: jobs_pb2.Job) -> None:
         print(f"{key:<{width}}  {value}")
 
 
-def _word(value: object) -> str:
+def _setting(key: str, value: object) -> str:
+    if key in ("max_slots", "task_timeout") and value == 0:
+        return "none"  # 0: no limit
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from truba.cli.jobs import print_job
 from truba.cli.render import job_dict, job_name, print_json, print_table
 from truba.proto.v1 import common_pb2, jobs_pb2
 
@@ -43,3 +44,12 @@ def test_json_of_a_job_parses_with_numbers_words_and_iso_times(capsys: pytest.Ca
 def test_a_table_aligns_its_columns(capsys: pytest.CaptureFixture[str]) -> None:
     print_table(["ID", "N"], [["a", 1], ["bbb", 100]], right=frozenset({1}))
     assert capsys.readouterr().out.splitlines() == ["ID     N", "a      1", "bbb  100"]
+
+
+def test_one_job_in_full_says_no_limit_for_zero_limits(capsys: pytest.CaptureFixture[str]) -> None:
+    print_job(a_job("nightly"))
+    lines = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert lines["name"] == "nightly" and lines["state"] == "finished"
+    assert lines["counts"] == "submitted 40, done 38, failed 2, running 0, backlog 0"
+    assert "max_slots none" in lines["settings"] and "task_timeout none" in lines["settings"]
+    assert lines["problem"] == "-"
