@@ -160,3 +160,20 @@ def test_truba_up_restarts_a_killed_daemon_and_a_second_up_on_its_state_says_who
         assert not os.path.exists(f"/proc/{daemon}")  # reaped, no zombie
     finally:
         stop(process)
+
+
+def test_truba_up_stopped_while_its_command_runs_ends_the_command_and_everything_else(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "truba", "up", "--brokers", "1", "--daemons", "1", "--slots", "1"]
+    argv += ["--allow", "x.*", "--listen", "127.0.0.1:0", "--state", str(tmp_path / "state")]
+    argv += [
+        "--",
+        sys.executable,
+        "-c",
+        "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); time.sleep(600)",
+    ]
+    process = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    read_until(process, "truba up: running: ", 120)
+    process.send_signal(signal.SIGTERM)
+    rest, _ = process.communicate(timeout=90)
+    assert process.returncode == 130, rest
+    assert rest.endswith("truba up: stopping\ntruba up: stopped\n"), rest

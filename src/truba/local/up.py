@@ -33,6 +33,8 @@ from truba.local.up_state import SavedCluster, SavedNode, StateInUse, owning, st
 
 POLL: Final = 0.25
 """Seconds between two looks at the processes."""
+COMMAND_GRACE: Final = 5.0
+"""Seconds the command after ``--`` has to end after a Ctrl-C, and again after a SIGTERM."""
 NODE_CONFIG: Final = {"log.file.rotation.size": str(10 * 1024 * 1024), "log.file.rotation.count": "2"}
 """The nodes' own logs rotate at 10 MiB, two kept: the same nodes serve every run on a state."""
 
@@ -221,12 +223,25 @@ def _run(args: argparse.Namespace, state: Path, command: list[str]) -> int:
         return child.returncode
     except KeyboardInterrupt:
         if child is not None:
-            child.wait()  # it got the Ctrl-C too (same terminal); SIGTERM reached only us
+            _end(child)
         return 130 if command else 0
     finally:
         _say("stopping")
         cluster.stop()
         _say("stopped")
+
+
+def _end(child: subprocess.Popen[bytes]) -> None:
+    """Ends the command: a Ctrl-C in the terminal reached it too, a SIGTERM only us. It gets
+    :data:`COMMAND_GRACE` seconds, then SIGTERM, then SIGKILL."""
+    for stop in (None, child.terminate, child.kill):
+        if stop is not None:
+            stop()
+        try:
+            child.wait(COMMAND_GRACE)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _say(text: str) -> None:
