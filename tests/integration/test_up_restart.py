@@ -90,6 +90,7 @@ async def test_truba_up_restarted_on_its_state_lets_a_waiting_client_finish_with
             # The whole cluster goes away under the waiting client, then comes back on its state
             said = await asyncio.to_thread(stop, first)
             assert "truba up: stopped" in said
+            assert len(seen) < TASKS  # the client is still waiting while the cluster is down
             second, lines = await asyncio.to_thread(up, state)
             assert address_of(lines) == address
             assert brokers_of(lines) == broker
