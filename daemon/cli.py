@@ -13,6 +13,7 @@ import logging
 import signal
 
 from truba import logs
+from truba.channel import default_scheduler
 from truba.daemon.daemon import PREFETCH_EXTRA, Daemon, DaemonConfig
 from truba.daemon.sizing import default_slots
 from truba.daemon.terms import SlotPolicy
@@ -23,7 +24,12 @@ MIB = 1024 * 1024
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Adds the ``daemon`` subcommand."""
-    parser = subparsers.add_parser("daemon", help="run a compute daemon on this node")
+    parser = subparsers.add_parser(
+        "daemon",
+        help="run a compute daemon on this node",
+        description="Run a compute daemon: it connects to the scheduler, runs slot processes and lends "
+        "them to the jobs it is assigned. SIGTERM drains it (running tasks finish); a second one stops it.",
+    )
     add_arguments(parser)
     parser.set_defaults(func=main)
 
@@ -31,7 +37,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The daemon's flags (shared by ``truba daemon`` and ``python -m truba.daemon``)."""
     parser.add_argument(
-        "--scheduler", default="127.0.0.1:50051", metavar="HOST:PORT", help="scheduler address"
+        "--scheduler",
+        default=default_scheduler(),
+        metavar="HOST[:PORT]",
+        help="the scheduler's address (default: $TRUBA_SCHEDULER, else 127.0.0.1:50051; port 50051 if none)",
     )
     parser.add_argument(
         "--slots",

@@ -19,6 +19,11 @@ scheduler reports the same cumulative numbers, which replace the stored row).
 and for an open job at least what Little's law says a steady stream needs (submission rate ×
 service time). A job no client has reported on since the scheduler started has unknown demand
 (None): the planner treats it as unbounded until the first report.
+
+**What a listing shows** (:meth:`JobCounters.shown`) differs from the raw sums: the daemons count
+a task again when it ran again (a redelivery, a resumed client), so the shown outcomes are
+capped at the tasks submitted and are never fewer than the distinct outcomes the client took; a
+finished job's outcomes are exactly its tasks, and an ended job runs nothing and has no backlog.
 """
 
 from __future__ import annotations
@@ -220,6 +225,40 @@ class JobCounters:
             waiting = sum(d.waiting for d in job.daemons.values())
             outstanding = min(counts.submitted - job.received, counts.running + waiting + 1)
         return outstanding
+
+    def shown(
+        self, job_id: str, closed_submitted: int = 0, *, ended: bool = False, all_outcomes: bool = False
+    ) -> Counts:
+        """The counts ListJobs, GetJob and WatchJob show: outcomes counted once per task.
+
+        ``done + failed`` is the number of tasks with an outcome: at most ``submitted`` (duplicate
+        runs are not counted again), at least what the client has taken; ``failed`` is the
+        daemons' count of error outcomes, bounded by that. An ended job has nothing running and
+        no backlog.
+
+        Args:
+            closed_submitted: the count CloseJob recorded (0 while open).
+            ended: the job finished or was cancelled.
+            all_outcomes: the client took every outcome of a closed job (it finished): the
+                outcomes are exactly the tasks submitted.
+        """
+        job = self._jobs.get(job_id) or _JobCounters()
+        raw = _counts(job, closed_submitted)
+        submitted = raw.submitted
+        if all_outcomes:
+            outcomes = submitted
+        else:
+            outcomes = min(submitted, max(job.received, raw.done + raw.failed))
+        failed = min(raw.failed, outcomes)
+        running = 0 if ended else min(raw.running, submitted - outcomes)
+        return Counts(
+            submitted=submitted,
+            done=outcomes - failed,
+            failed=failed,
+            running=running,
+            backlog=0 if ended else submitted - outcomes - running,
+            service_time=raw.service_time,
+        )
 
     # -- persistence -----------------------------------------------------------------------------
 

@@ -41,11 +41,17 @@ class ClusterView:
     def job_pb(self, job: Job) -> jobs_pb2.Job:
         """``job`` with its live slots, fair share, counts and problem."""
         closed = job.submitted if job.state is not JobState.OPEN else 0
+        counts = self._jobs.counters.shown(
+            job.id,
+            closed,
+            ended=not job.runnable,
+            all_outcomes=job.state is JobState.FINISHED and job.closed_at is not None,
+        )
         return job_pb(
             job,
             assigned_slots=self._assigner.slots_of(job.id),
             problem=self._assigner.problem_of(job),
-            counts=self._jobs.counters.counts(job.id, closed),
+            counts=counts,
             fair_share=self._assigner.fair_share_of(job.id),
         )
 

@@ -20,6 +20,33 @@ import grpc.aio
 TOKEN_ENV = "TRUBA_TOKEN"
 TLS_CA_ENV = "TRUBA_TLS_CA"
 MAX_RECONNECT_BACKOFF_MS = 2000
+DEFAULT_PORT = 50051
+"""The scheduler's port when an address names none (gRPC itself would take 443)."""
+
+SCHEDULER_ENV = "TRUBA_SCHEDULER"
+
+
+def default_scheduler() -> str:
+    """``$TRUBA_SCHEDULER`` (empty = unset), else ``127.0.0.1:50051``: every command's default."""
+    return os.environ.get(SCHEDULER_ENV) or f"127.0.0.1:{DEFAULT_PORT}"
+
+
+def scheduler_target(address: str) -> str:
+    """``address`` with the scheduler's default port added when it names none.
+
+    ``host`` and ``[::1]`` become ``host:50051`` and ``[::1]:50051``; an address with a port or
+    a gRPC scheme (``unix:``, ``dns:///``, ``ipv4:``…) is left as it is.
+    """
+    address = address.strip()
+    if "://" in address or address.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:", "dns:")):
+        return address
+    if address.startswith("["):
+        return address if "]:" in address else f"{address}:{DEFAULT_PORT}"
+    if address.count(":") == 1:
+        return address  # host:port
+    if ":" in address:
+        return f"[{address}]:{DEFAULT_PORT}"  # a bare IPv6 address
+    return f"{address}:{DEFAULT_PORT}"
 
 
 @dataclass(frozen=True)
@@ -78,6 +105,7 @@ def open_channel(
 ) -> grpc.aio.Channel:
     """An asyncio channel to the scheduler at ``address`` with ``credentials`` applied."""
     credentials = credentials or Credentials()
+    address = scheduler_target(address)
     # gRPC's reconnect backoff grows to 120 s by default: a scheduler that restarts would stay
     # unreachable long after it is back.
     options = [("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS), *options]
@@ -93,6 +121,7 @@ def open_channel(
 def open_blocking_channel(address: str, credentials: Credentials | None = None) -> grpc.Channel:
     """A blocking channel (for the CLI); the token goes in each call's ``metadata=``."""
     credentials = credentials or Credentials()
+    address = scheduler_target(address)
     if credentials.tls_ca is not None:
         return grpc.secure_channel(address, grpc.ssl_channel_credentials(credentials.tls_ca.read_bytes()))
     return grpc.insecure_channel(address)

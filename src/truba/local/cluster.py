@@ -1,59 +1,28 @@
-"""``truba up``: a whole cluster on this machine, in one command.
+"""The processes of a local truba cluster: started, restarted and stopped in order.
 
-Starts local RabbitMQ nodes (unless ``--broker`` URLs are given), the scheduler and the daemons,
-each a process of its own with its log in ``STATE/logs/``, prints the addresses, and stops them
-all, in reverse order, on Ctrl-C or SIGTERM. With a command after ``--``, runs it against the
-cluster (``TRUBA_SCHEDULER`` names the scheduler), then stops everything and exits with the
-command's status. :class:`LocalCluster` is also what the integration tests run processes with.
+Each process runs ``python -m truba ...`` with its output in ``STATE/logs/NAME.log``. The first
+start of a name in a :class:`LocalCluster` moves the previous run's log to ``NAME.log.1`` (one
+run is kept, so logs do not grow without bound); every start, restarts included, begins with a
+marker line (``--- truba: NAME started ... ---``). ``truba up`` (:mod:`truba.local.up`) and the
+integration tests run their processes with it.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
 from truba.local.layout import DEFAULT_CONFIG
 from truba.local.node import LocalRabbitNode
-from truba.local.nodes import start_nodes
 
 READY_LINE = "truba scheduler listening on "
-
-
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Adds the ``up`` subcommand."""
-    parser = subparsers.add_parser("up", help="run a local cluster: brokers, scheduler, daemons")
-    parser.add_argument("--brokers", type=int, default=2, metavar="N", help="local RabbitMQ nodes to start")
-    parser.add_argument(
-        "--broker",
-        action="append",
-        default=[],
-        metavar="AMQP_URL",
-        help="use this broker instead (repeatable)",
-    )
-    parser.add_argument("--daemons", type=int, default=2, metavar="N")
-    parser.add_argument(
-        "--slots", type=int, default=max(1, (os.cpu_count() or 2) // 2), metavar="N", help="slots per daemon"
-    )
-    parser.add_argument(
-        "--allow",
-        action="append",
-        required=True,
-        metavar="PATTERN",
-        help="handler pattern the daemons may import (repeatable)",
-    )
-    parser.add_argument("--listen", default="127.0.0.1:50051", metavar="HOST:PORT", help="scheduler address")
-    parser.add_argument(
-        "--state", default=".truba", metavar="DIR", help="brokers' data, scheduler state, logs"
-    )
-    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND to run against the cluster")
-    parser.set_defaults(func=main)
 
 
 @dataclass
@@ -64,7 +33,10 @@ class TrubaProcess:
     popen: subprocess.Popen[bytes]
     log_path: Path
     log_offset: int = 0
-    """Where this run's output starts in ``log_path`` (logs are appended across runs)."""
+    """Where this start's output begins in ``log_path`` (restarts append to it)."""
+    args: list[str] = field(default_factory=list)
+    env: dict[str, str] | None = None
+    started_at: float = field(default_factory=time.monotonic)
 
     @property
     def pid(self) -> int:
@@ -107,14 +79,23 @@ class LocalCluster:
     processes: list[TrubaProcess] = field(default_factory=list)
     address: str = ""
     _logs: list[IO[bytes]] = field(default_factory=list)
+    _started: set[str] = field(default_factory=set)
 
     def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> TrubaProcess:
         """Starts ``python -m truba ARGS`` with its output in ``STATE/logs/NAME.log``."""
         log_dir = self.state / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         log_path = log_dir / f"{name}.log"
+        if name not in self._started and log_path.exists():
+            log_path.replace(log_dir / f"{name}.log.1")  # the previous run's log; older ones go
+        restart = name in self._started
+        self._started.add(name)
         log_file = open(log_path, "ab")  # noqa: SIM115 - closed in stop()
         self._logs.append(log_file)
+        when = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        verb = "restarted" if restart else "started"
+        log_file.write(f"--- truba: {name} {verb} at {when}: truba {' '.join(args)} ---\n".encode())
+        log_file.flush()
         offset = log_file.tell()
         # A session of its own: Ctrl-C reaches `truba up` only, which stops children in order.
         popen = subprocess.Popen(
@@ -124,9 +105,23 @@ class LocalCluster:
             env=env or os.environ.copy(),
             start_new_session=True,
         )
-        process = TrubaProcess(name, popen, log_path, offset)
+        process = TrubaProcess(name, popen, log_path, offset, list(args), env)
         self.processes.append(process)
         return process
+
+    def respawn(self, process: TrubaProcess) -> TrubaProcess:
+        """Starts ``process`` again (same name, arguments and log) in its place; it must have exited.
+
+        A scheduler comes back on the address it served (not on a fresh port 0).
+        """
+        args = list(process.args)
+        if process.name == "scheduler" and self.address and "--listen" in args:
+            args[args.index("--listen") + 1] = self.address
+        self.processes.remove(process)
+        again = self.spawn(process.name, args, process.env)
+        if process.name == "scheduler":
+            self._wait_for_ready(again)
+        return again
 
     def start_scheduler(
         self, broker_urls: list[str], listen: str = "127.0.0.1:0", *extra: str
@@ -205,65 +200,3 @@ DAEMON_DRAIN_TIMEOUT = 3.0
 """Seconds a local daemon may finish running tasks on shutdown before it hands them back."""
 LOCAL_CONSUMER_TIMEOUT = int(DEFAULT_CONFIG["consumer_timeout"]) / 1000
 """The consumer_timeout of the nodes ``truba up`` starts, seconds."""
-
-
-def start(args: argparse.Namespace) -> LocalCluster:
-    """Starts brokers, scheduler and daemons as ``args`` say; the caller must ``stop()`` it."""
-    state = Path(args.state).resolve()
-    cluster = LocalCluster(state)
-    try:
-        urls = list(args.broker)
-        scheduler_args: list[str] = []
-        if not urls:
-            began = time.monotonic()
-            cluster.nodes = start_nodes(state / "brokers", args.brokers)
-            urls = [node.url for node in cluster.nodes]
-            _say(f"brokers: {' '.join(urls)} (started in {time.monotonic() - began:.1f} s)")
-            scheduler_args = ["--consumer-timeout", str(LOCAL_CONSUMER_TIMEOUT)]
-        cluster.start_scheduler(urls, args.listen, *scheduler_args)
-        _say(f"scheduler: {cluster.address}")
-        for i in range(args.daemons):
-            cluster.start_daemon(f"daemon-{i}", args.slots, args.allow)
-        cluster.wait_for_daemons(args.daemons)
-        allowed = " ".join(args.allow)
-        _say(f"daemons: {args.daemons} × {args.slots} slots, allow {allowed}; logs in {state}/logs")
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster
-
-
-def main(args: argparse.Namespace) -> int:
-    command = list(args.command)
-    if command and command[0] == "--":
-        command = command[1:]
-
-    def request_stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, request_stop)
-    try:
-        cluster = start(args)
-    except KeyboardInterrupt:
-        return 130
-    except RuntimeError as exc:
-        _say(f"error: {exc}")
-        return 1
-    try:
-        if command:
-            env = {**os.environ, "TRUBA_SCHEDULER": cluster.address}
-            _say(f"running: {' '.join(command)}")
-            return subprocess.call(command, env=env)
-        _say("cluster is up; Ctrl-C to stop")
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        return 130 if command else 0
-    finally:
-        _say("stopping")
-        cluster.stop()
-        _say("stopped")
-
-
-def _say(text: str) -> None:
-    print(f"truba up: {text}", flush=True)

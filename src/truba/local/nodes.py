@@ -26,15 +26,25 @@ def start_nodes(
         LocalRabbitNode(Path(base_dir) / f"n{i}", config=config, die_with_owner=die_with_owner)
         for i in range(count)
     ]
-    if count == 0:
-        return nodes
-    with ThreadPoolExecutor(max_workers=count, thread_name_prefix="truba-node-start") as pool:
+    start_all(nodes, timeout)
+    return nodes
+
+
+def start_all(nodes: Iterable[LocalRabbitNode], timeout: float = 60.0) -> None:
+    """Starts the given nodes in parallel.
+
+    Raises:
+        NodeStartError: a node failed to start; the nodes that did start are stopped first.
+    """
+    nodes = list(nodes)
+    if not nodes:
+        return
+    with ThreadPoolExecutor(max_workers=len(nodes), thread_name_prefix="truba-node-start") as pool:
         futures = [pool.submit(node.start, timeout) for node in nodes]
         errors = [exc for exc in (future.exception() for future in futures) if exc is not None]
     if errors:
         stop_nodes(nodes)
         raise errors[0]
-    return nodes
 
 
 def stop_nodes(nodes: Iterable[LocalRabbitNode], timeout: float = 30.0) -> None:

@@ -89,3 +89,47 @@ def test_littles_law_keeps_slots_for_a_steady_stream_of_an_open_job() -> None:
         counters.daemon_report("d1", [DaemonJobStats("j", done=100 * second, service_time=0.5)])
     demand = counters.demand("j")
     assert demand is not None and 40 <= demand <= 55
+
+
+def test_a_finished_job_shows_every_task_done_and_no_backlog_even_without_daemon_reports() -> None:
+    # Given a job of 200 tasks that finished before any daemon heartbeat reached the scheduler
+    # (`truba jobs` used to show DONE 0 BACKLOG 200 for it forever)
+    counters = JobCounters()
+    counters.client_report("j", submitted=200, received=150, now=0.0)
+    counts = counters.shown("j", 200, ended=True, all_outcomes=True)
+    assert (counts.submitted, counts.done, counts.failed, counts.running, counts.backlog) == (
+        200,
+        200,
+        0,
+        0,
+        0,
+    )
+
+
+def test_a_recovered_job_counts_each_task_once_not_every_run() -> None:
+    # Given 40 tasks the daemons ran 84 times (a resumed client sent them again), 2 of them failed
+    counters = JobCounters()
+    counters.client_report("j", submitted=40, received=10, now=0.0)
+    counters.daemon_report("d1", [DaemonJobStats("j", done=82, failed=2, busy=2)])
+    running = counters.shown("j", 40)
+    assert (running.done, running.failed, running.running, running.backlog) == (38, 2, 0, 0)
+    finished = counters.shown("j", 40, ended=True, all_outcomes=True)
+    assert (finished.done, finished.failed, finished.running, finished.backlog) == (38, 2, 0, 0)
+
+
+def test_a_job_whose_client_took_every_outcome_shows_no_backlog_before_the_daemons_report() -> None:
+    # Given the client has every outcome and the daemons' last heartbeat is older than that
+    counters = JobCounters()
+    counters.daemon_report("d1", [DaemonJobStats("j", done=30, busy=4)])
+    counters.client_report("j", submitted=50, received=50, now=0.0)
+    counts = counters.shown("j", 50)
+    assert (counts.done, counts.running, counts.backlog) == (50, 0, 0)
+    # The raw sums that feed demand are unchanged
+    assert counters.counts("j", 50).done == 30
+
+
+def test_a_cancelled_job_runs_nothing_and_has_no_backlog() -> None:
+    counters = JobCounters()
+    counters.daemon_report("d1", [DaemonJobStats("j", done=5, busy=2)])
+    counts = counters.shown("j", 20, ended=True)
+    assert (counts.submitted, counts.done, counts.running, counts.backlog) == (20, 5, 0, 0)

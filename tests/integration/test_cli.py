@@ -1,0 +1,137 @@
+"""The `truba` verbs as a user runs them: against a real cluster (tables, --json that parses,
+job, cancel, drain) and against addresses that do not answer (one line, a non-zero exit, soon)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.processes import running
+from truba.cli.exits import FAILURE, UNAVAILABLE, USAGE
+from truba.client import Client
+from truba.local import free_port
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+VERBS = [["status"], ["jobs"], ["job", "j-1"], ["cancel", "j-1"], ["daemons"], ["drain", "d-1"]]
+
+
+def truba(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "truba", *argv],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A port that accepts connections and never answers."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(16)
+        yield int(server.getsockname()[1])
+
+
+@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: argv[0])
+def test_every_verb_on_a_dead_address_prints_one_line_and_exits_69_within_5_s(argv: list[str]) -> None:
+    # `truba jobs` printed a 45-line traceback here; the address comes from $TRUBA_SCHEDULER
+    dead = f"127.0.0.1:{free_port()}"
+    began = time.monotonic()
+    done = truba(*argv, env={"TRUBA_SCHEDULER": dead})
+    elapsed = time.monotonic() - began
+    assert done.returncode == UNAVAILABLE, done.stderr
+    assert done.stdout == ""
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith(f"truba {argv[0]}: scheduler {dead}: unreachable")
+    assert elapsed < 5, elapsed
+
+
+@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: argv[0])
+def test_a_port_that_accepts_and_never_answers_gives_up_within_5_s(silent_port: int, argv: list[str]) -> None:
+    # It used to wait 20 s
+    began = time.monotonic()
+    done = truba(*argv, "--scheduler", f"127.0.0.1:{silent_port}")
+    elapsed = time.monotonic() - began
+    assert done.returncode == UNAVAILABLE, done.stderr
+    assert done.stderr == f"truba {argv[0]}: scheduler 127.0.0.1:{silent_port}: no answer within 3 s\n"
+    assert elapsed < 5, elapsed
+
+
+async def test_the_verbs_against_a_real_cluster_tell_the_truth_in_tables_and_json(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    async with running(tmp_path, rabbit_nodes, daemons=1, slots=2) as cluster:
+        env = {"TRUBA_SCHEDULER": cluster.address}
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
+            finished = await client.create_job("tests.handlers.basic:square", name="squares")
+            for i in range(20):
+                await finished.submit(i)
+            await finished.close()
+            values = {o.value async for o in finished.results()}
+            assert values == {i * i for i in range(20)}
+            unnamed = await client.create_job("tests.handlers.basic:square")
+
+            # jobs: a NAME column (the name, else the handler); a finished job's counts are final
+            table = truba("jobs", "--all", env=env)
+            assert table.returncode == 0, table.stderr
+            header, *rows = table.stdout.splitlines()
+            assert header.split() == [
+                "ID", "NAME", "STATE", "IMPORTANCE", "SHARE", "SLOTS", "RUNNING", "DONE", "FAILED", "BACKLOG"
+            ]  # fmt: skip
+            row = next(r.split() for r in rows if r.startswith(finished.id))
+            assert row[1:3] == ["squares", "finished"] and row[6:] == ["0", "20", "0", "0"], row
+            assert any(
+                r.split()[1] == "tests.handlers.basic:square" for r in rows if r.startswith(unnamed.id)
+            )
+            listed = {job["id"]: job for job in json.loads(truba("jobs", "--all", "--json", env=env).stdout)}
+            counts = listed[finished.id]["counts"]
+            assert (counts["submitted"], counts["done"], counts["failed"], counts["backlog"]) == (
+                20,
+                20,
+                0,
+                0,
+            )
+            assert listed[unnamed.id]["state"] == "open"
+
+            # job ID: one job in full
+            shown = truba("job", finished.id, env=env)
+            assert shown.returncode == 0, shown.stderr
+            lines = dict(line.split(None, 1) for line in shown.stdout.splitlines())
+            assert lines["state"] == "finished" and lines["name"] == "squares"
+            assert lines["counts"].startswith("submitted 20, done 20, failed 0, running 0, backlog 0")
+            assert "max_attempts 3" in lines["settings"]
+            one = json.loads(truba("job", finished.id, "--json", env=env).stdout)
+            assert one["id"] == finished.id and one["settings"]["queue_type"] == "quorum"
+
+            # cancel ID; then a job that is not there and an id that cannot be one
+            cancelled = truba("cancel", unnamed.id, env=env)
+            assert (cancelled.returncode, cancelled.stdout) == (0, f"job {unnamed.id}: cancelled\n")
+            assert json.loads(truba("job", unnamed.id, "--json", env=env).stdout)["state"] == "cancelled"
+            missing = truba("job", "nosuchjob0", env=env)
+            assert missing.returncode == FAILURE and len(missing.stderr.splitlines()) == 1, missing.stderr
+            assert missing.stderr.startswith("truba job: NOT_FOUND: ")
+            bad = truba("cancel", "../../etc", env=env)
+            assert bad.returncode == USAGE and bad.stderr.startswith("truba cancel: INVALID_ARGUMENT: ")
+
+        # status and daemons, as tables and JSON; drain is daemons --drain
+        status = json.loads(truba("status", "--json", env=env).stdout)
+        assert (status["status"], status["daemons"], status["slots"]) == ("serving", 1, 2)
+        [daemon] = json.loads(truba("daemons", "--json", env=env).stdout)
+        assert (daemon["id"], daemon["slots"], daemon["state"]) == ("d0", 2, "up")
+        assert truba("daemons", env=env).stdout.splitlines()[1].split()[0] == "d0"
+        drained = truba("drain", "d0", "--json", env=env)
+        assert drained.returncode == 0, drained.stderr
+        assert json.loads(drained.stdout)["state"] == "draining"
