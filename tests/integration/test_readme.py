@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,10 @@ def test_truba_up_stops_everything_it_started_on_a_signal(tmp_path: Path, signum
             break
     assert any("cluster is up" in line for line in lines), "".join(lines)
     assert any(line.startswith("truba up: scheduler: 127.0.0.1:") for line in lines)
+    dashboard = [line for line in lines if line.startswith("truba up: dashboard: http://127.0.0.1:")]
+    assert dashboard, "".join(lines)
+    with urllib.request.urlopen(dashboard[0].split()[-1], timeout=5) as page:
+        assert b"static/dashboard.js" in page.read()
     assert any(line.startswith("truba up: brokers: amqp://") for line in lines)
     started = _descendants(up.pid)
     assert len(started) >= 4, started  # a broker, the scheduler, a daemon and its slot at least

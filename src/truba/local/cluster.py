@@ -23,6 +23,7 @@ from truba.local.layout import DEFAULT_CONFIG
 from truba.local.node import LocalRabbitNode
 
 READY_LINE = "truba scheduler listening on "
+HTTP_LINE = "truba scheduler http on "
 
 
 @dataclass
@@ -78,6 +79,8 @@ class LocalCluster:
     nodes: list[LocalRabbitNode] = field(default_factory=list)
     processes: list[TrubaProcess] = field(default_factory=list)
     address: str = ""
+    http: str = ""
+    """The scheduler's dashboard URL, ``http://HOST:PORT/`` ("" when its HTTP is off)."""
     _logs: list[IO[bytes]] = field(default_factory=list)
     _started: set[str] = field(default_factory=set)
 
@@ -121,6 +124,7 @@ class LocalCluster:
         again = self.spawn(process.name, args, process.env)
         if process.name == "scheduler":
             self._wait_for_ready(again)
+            self.http = self._http_of(again)
         return again
 
     def start_scheduler(
@@ -133,7 +137,21 @@ class LocalCluster:
             ["scheduler", "--listen", listen, *broker_args, "--state", str(self.state / "scheduler"), *extra],
         )
         self.address = self._wait_for_ready(process)
+        self.http = self._http_of(process)
         return process
+
+    @staticmethod
+    def _http_of(process: TrubaProcess, timeout: float = 2.0) -> str:
+        """The dashboard's URL the scheduler prints right after its ready line ("" when its HTTP
+        is off: no such line within ``timeout``)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in process.log().splitlines():
+                if line.startswith(HTTP_LINE):
+                    return line.removeprefix(HTTP_LINE).strip()
+            if time.monotonic() > deadline or not process.alive():
+                return ""
+            time.sleep(0.02)
 
     def start_daemon(self, name: str, slots: int, allow: list[str], *extra: str) -> TrubaProcess:
         allow_args = [arg for pattern in allow for arg in ("--allow", pattern)]

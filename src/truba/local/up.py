@@ -109,9 +109,17 @@ def _listen(requested: str, saved: SavedCluster) -> str:
     if port != "0":
         return requested
     old_host, _, old_port = saved.scheduler.rpartition(":")
-    if old_host == host and old_port.isdigit() and _bindable(host, int(old_port)):
+    if (
+        old_host == host
+        and old_port.isdigit()
+        and _bindable(host, int(old_port))
+        and _bindable(host, int(old_port) + 1)
+    ):
         return saved.scheduler
-    return f"{host}:{free_port(host)}"
+    while True:  # the scheduler's HTTP takes the next port (truba.scheduler.cli.http_address)
+        port_ = free_port(host)
+        if _bindable(host, port_ + 1):
+            return f"{host}:{port_}"
 
 
 def _bindable(host: str, port: int) -> bool:
@@ -141,11 +149,13 @@ def start(args: argparse.Namespace) -> LocalCluster:
     saved = SavedCluster.load(state)
     listen = _listen(args.listen, saved)
     host, _, port = listen.rpartition(":")
-    if port.isdigit() and not _bindable(host, int(port)):
-        raise RuntimeError(
-            f"{listen} is taken (another truba up or scheduler?); stop it, or pass --listen {host}:0 "
-            "for a free port"
-        )
+    for taken in (int(port), int(port) + 1) if port.isdigit() else ():
+        if not _bindable(host, taken):
+            what = "" if taken == int(port) else f" (its port {taken} serves the scheduler's dashboard)"
+            raise RuntimeError(
+                f"{host}:{taken} is taken{what} (another truba up or scheduler?); stop it, or pass "
+                f"--listen {host}:0 for free ports"
+            )
     cluster = LocalCluster(state)
     try:
         urls = list(args.broker)
@@ -168,6 +178,8 @@ def start(args: argparse.Namespace) -> LocalCluster:
         cluster.start_scheduler(urls, listen, *scheduler_args)
         _save(cluster, state)
         _say(f"scheduler: {cluster.address}")
+        if cluster.http:
+            _say(f"dashboard: {cluster.http}")
         for i in range(args.daemons):
             cluster.start_daemon(f"daemon-{i}", args.slots, args.allow)
         _save(cluster, state)
