@@ -78,6 +78,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         role="tasks",
         dead_letter_queue=job.dead_queue,
         done=done,
+        member_key=_task_id_of_task,  # a frame with a task id twice is malformed: none of it runs
     )
     return JobPipes(
         tasks=tasks.listener,
