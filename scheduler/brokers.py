@@ -118,15 +118,20 @@ class BrokerAdmin:
 
         await self._run(f"declare {queues.tasks}", declare_all)
 
-    async def delete(self, queues: JobQueues) -> None:
-        """Deletes the job's queues (and its clients' marker) with their messages; missing queues
-        are no error."""
+    async def delete(self, queues: JobQueues, *, keep_dead: bool = False) -> None:
+        """Deletes the job's queues (and its clients' marker) with their messages, but for its
+        dead-letter queue with ``keep_dead``; missing queues are no error."""
 
         async def delete_all(connection: AdminConnection) -> None:
             for name in (*queues.all(), queues.marker):
-                await connection.delete(name)
+                if not (keep_dead and name == queues.dead):
+                    await connection.delete(name)
 
         await self._run(f"delete {queues.tasks}", delete_all)
+
+    async def delete_dead(self, dead: str) -> None:
+        """Deletes a job's dead-letter queue with its messages; a missing queue is no error."""
+        await self._run(f"delete {dead}", lambda connection: connection.delete(dead))
 
     async def close(self) -> None:
         """Closes the admin connection; a later operation opens a new one."""

@@ -35,7 +35,7 @@ from truba.scheduler.daemons import DaemonServicer
 from truba.scheduler.events import JobEvents
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
-from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, JobLifecycle
+from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
 from truba.scheduler.wiring import open_admin
@@ -67,6 +67,7 @@ class SchedulerConfig:
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
         consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
             ``consumer_timeout``); jobs with a longer task timeout are refused.
+        keep_dead: seconds an ended job's dead-letter queue is kept (0: deleted with the others).
         token: when set, every call but health checks must carry ``authorization: Bearer <token>``.
         tls_cert, tls_key: PEM files; when both are set the scheduler serves TLS only.
     """
@@ -79,6 +80,7 @@ class SchedulerConfig:
     delete_wait: float = 5.0
     grpc_options: Sequence[tuple[str, int | str]] = field(default=())
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    keep_dead: float = DEFAULT_KEEP_DEAD
     token: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -98,6 +100,8 @@ class SchedulerConfig:
             raise ValueError("token: must not be empty")
         if not self.consumer_timeout > 0:
             raise ValueError(f"consumer_timeout: must be > 0, got {self.consumer_timeout}")
+        if not self.keep_dead >= 0:
+            raise ValueError(f"keep_dead: must be >= 0, got {self.keep_dead}")
         host, colon, port = self.listen.rpartition(":")
         if not (host and colon and port.isdigit()):
             raise ValueError(f"listen: must look like HOST:PORT, got {self.listen!r}")
@@ -175,6 +179,7 @@ class Scheduler:
             counters=counters,
             delete_wait=config.delete_wait,
             consumer_timeout=config.consumer_timeout,
+            keep_dead=config.keep_dead,
         )
 
         # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
@@ -202,6 +207,7 @@ class Scheduler:
         janitor.resume()
         janitor.restore(job.queues for job in runnable)
         _background(assigner.watch(), stack, name="heartbeat-watchdog")
+        _background(janitor.watch_dead(), stack, name="dead-letters-expiry")
         _background(_flush_counters(counters, store), stack, name="counters-flush")
         stack.callback(_store_counters, counters, store)
         self._port = port
