@@ -32,6 +32,7 @@ from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
+from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.events import JobEvents
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
@@ -189,7 +190,7 @@ class Scheduler:
             interceptors=[TokenAuth(config.token)] if config.token else None,
         )
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobServicer(lifecycle, assigner, brokers.infos), server
+            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store)), server
         )
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
