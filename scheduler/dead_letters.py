@@ -73,7 +73,10 @@ class DeadLetterReader:
         until = self._store.dead_until(job.id)
         state = job.state.value.lower()
         if until is None:
-            raise FailedPrecondition(f"job {job.id!r} is {state}: its dead letters were not kept")
+            raise FailedPrecondition(
+                f"job {job.id!r} is {state}: its dead letters are deleted (they are kept for the"
+                " scheduler's --keep-dead time after a job ends)"
+            )
         if until <= self._clock():
             at = datetime.fromtimestamp(until, UTC).isoformat(timespec="seconds")
             raise FailedPrecondition(

@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -62,6 +63,8 @@ class QueueJanitor:
     ) -> None:
         self._clock = clock
         self._expire_every = expire_every
+        self._dead_kept = asyncio.Event()
+        """Set when a job ended keeping its dead letters: :meth:`watch_dead` looks at its deadline."""
         self._resweep_after = resweep_after
         self._resweeps: set[asyncio.Task[None]] = set()
         self._brokers = brokers
@@ -161,13 +164,17 @@ class QueueJanitor:
             wait = self._expire_every
             if kept:
                 wait = min(wait, max(0.0, kept[0][1] - self._clock()))
-            await asyncio.sleep(max(wait, 0.01))
+            self._dead_kept.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dead_kept.wait(), max(wait, 0.01))
 
     async def _reap(self, job_id: str) -> None:
         if self._restoring is not None:
             await asyncio.wait({self._restoring})
         await asyncio.gather(*(self._reap_on(broker, job_id) for broker in self._brokers.all))
         self._store.forget_stale(job_id)
+        if self._keeps_dead(job_id):
+            self._dead_kept.set()
         log.info("sched.queues.deleted", extra={"job_id": job_id})
         task = asyncio.create_task(self._resweep(job_id), name=f"resweep-{job_id}")
         self._resweeps.add(task)
