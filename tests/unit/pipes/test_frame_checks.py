@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
+from truba.daemon.job_pipes import task_key
 from truba.pipes.errors import CodecError
 from truba.pipes.frame import MAGIC, FrameListener, pack
 from truba.pipes.frame_format import MalformedFrame, members
@@ -71,3 +72,23 @@ async def test_without_a_dead_letter_sender_a_malformed_frame_goes_to_the_broker
     inner.push(MAGIC + b"\xff not a frame")
     assert await listener.get(0.05) is None
     assert inner.rejected == [(MAGIC + b"\xff not a frame", False)]
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        TaskMessage("ab12cd-1", {"n": 1}),
+        TaskMessage("ab12cd-2", b"x" * 100_000, attempts=2, priority=3),
+        TaskMessage("a-task-id-longer-than-31-bytes-" * 3, None),
+        TaskMessage("", 0),
+        TaskMessage("ünïcödé", [1, 2]),
+    ],
+)
+def test_the_daemons_frame_key_is_the_task_id_without_decoding_the_payload(task: TaskMessage) -> None:
+    assert task_key(TaskCodec().encode(task)) == task.task_id
+
+
+def test_the_daemons_frame_key_of_what_is_not_a_task_is_none() -> None:
+    assert task_key(b"\x93\x01\xa2\xff\xfe\x00") is None  # an id that is not UTF-8
+    assert task_key(b"\x93\x01\xa9ab") is None  # cut short
+    assert task_key(b"garbage") is None
