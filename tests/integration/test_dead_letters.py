@@ -117,3 +117,25 @@ async def test_a_frame_hiding_a_task_with_a_taken_id_is_dead_lettered_and_none_o
         (outcome,) = [o async for o in job.map([[str(runs), 0.0]])]
         assert outcome.ok
         assert len(runs.read_text().splitlines()) == 1
+
+
+async def test_retry_dead_runs_a_given_up_task_again_with_a_fresh_outcome_and_removes_its_letter(
+    cluster: LocalCluster, tmp_path: Path
+) -> None:
+    async with truba.Client(cluster.address) as client:
+        # Given an open job whose task timed out on its only attempt (slow the first time only)
+        job = await client.create_job("tests.handlers.faults:sleep_once", task_timeout=0.5, max_attempts=1)
+        dead_id = await job.submit([str(tmp_path / "ran"), 30.0, 0.0])
+        stream = job.results()
+        gave_up = await anext(stream)
+        assert (gave_up.task_id, gave_up.gave_up) == (dead_id, True)
+        await letters_of(job)
+        # When the application sends the dead tasks again
+        retried = await job.retry_dead()
+        # Then the task runs again under a new id, with its own outcome, and its letter is gone
+        assert list(retried) == [dead_id]
+        await job.close()
+        async with asyncio.timeout(60):
+            rest = [outcome async for outcome in stream]
+        assert [(o.task_id, o.ok) for o in rest] == [(retried[dead_id], True)]
+        assert len(await job.dead_letters()) == 0
