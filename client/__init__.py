@@ -3,6 +3,7 @@
 from truba.client.blocking import BlockingClient, BlockingJob, connect
 from truba.client.callback import CallbackFailed
 from truba.client.client import Client
+from truba.client.dead_letters import DeadLetter, DeadLetters, DeadReason
 from truba.client.errors import (
     FailedPrecondition,
     InvalidArgument,
@@ -22,6 +23,9 @@ __all__ = [
     "CallbackFailed",
     "Client",
     "ClientOptions",
+    "DeadLetter",
+    "DeadLetters",
+    "DeadReason",
     "FailedPrecondition",
     "InvalidArgument",
     "Job",

@@ -30,6 +30,7 @@ from typing import Any, Generic, cast
 from typing_extensions import TypeVar
 
 from truba.client.callback import OutcomeCallback, deliver
+from truba.client.dead_letters import DeadLetters, DeadRetry, read_dead_letters
 from truba.client.encoded import EncodedTask
 from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
@@ -85,6 +86,7 @@ class Job(Generic[P, R]):
         self._detached = False
         self._consumer: asyncio.Task[None] | None = None
         self._calls = JobCalls(jobs, info)
+        self._jobs = jobs
         self._progress = ProgressReporter(jobs, info.id, self._counts)
         self._submission = Submission(
             info.id,
@@ -338,3 +340,14 @@ class Job(Generic[P, R]):
     async def info(self) -> jobs_pb2.Job:
         """The scheduler's current view of the job."""
         return await self._calls.get()
+
+    async def dead_letters(self, *, limit: int = 0, bodies: bool = False) -> DeadLetters:
+        """The job's given-up, poison and refused tasks, also after it ends (truba.client.dead_letters)."""
+        return await read_dead_letters(self._jobs, self.id, limit=limit, bodies=bodies)
+
+    async def retry_dead(self) -> dict[str, str]:
+        """Sends the dead tasks again as new tasks, each with a fresh outcome; ``{old id: new id}``."""
+        retry = DeadRetry(
+            self._jobs, self.id, self._status, lambda t: self.submit(t.payload, priority=t.priority or None)
+        )
+        return await retry.retry()

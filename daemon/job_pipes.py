@@ -18,9 +18,9 @@ from truba.pipes.prefetch import Window
 from truba.pipes.result_log import ResultLog
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
-from truba.wire import GaveUpCodec, GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import FORMAT, GaveUpCodec, GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
 
-__all__ = ["JobPipes", "Wanted", "open_job_pipes"]
+__all__ = ["JobPipes", "Wanted", "open_job_pipes", "task_key"]
 
 
 @dataclass
@@ -78,6 +78,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         role="tasks",
         dead_letter_queue=job.dead_queue,
         done=done,
+        member_key=task_key,  # a frame with a task id twice is malformed: none of it runs
     )
     return JobPipes(
         tasks=tasks.listener,
@@ -113,6 +114,23 @@ def _task_id_of_result(data: bytes) -> str | None:
         return ResultCodec().decode(data).task_id
     except CodecError:
         return None
+
+
+def task_key(data: bytes) -> str | None:
+    """The task id of a frame member, read from its first bytes (None: not a task message).
+
+    Every member of every task frame goes through here, so the common form (a fixarray, format
+    1, a task id of up to 31 bytes) is read without decoding the payload, which the deserialize
+    layer decodes once anyway; anything else is decoded in full.
+    """
+    if len(data) > 3 and data[0] in (0x93, 0x94) and data[1] == FORMAT and 0xA0 <= data[2] <= 0xBF:
+        end = 3 + data[2] - 0xA0
+        if len(data) > end:
+            try:
+                return data[3:end].decode()
+            except UnicodeDecodeError:
+                return None
+    return _task_id_of_task(data)
 
 
 def _task_id_of_task(data: bytes) -> str | None:

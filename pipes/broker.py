@@ -50,6 +50,27 @@ class QueueSpec:
             raise ValueError(f"queue {self.name}: kind must be one of {QUEUE_KINDS}, got {self.kind!r}")
 
 
+@dataclass(frozen=True)
+class QueuedMessage:
+    """A message looked at in a queue without consuming it: its body and AMQP headers.
+
+    ``taken``: it was removed from the queue (the browse was asked to take it).
+    """
+
+    body: bytes
+    headers: dict[str, object]
+    taken: bool = False
+
+
+@dataclass(frozen=True)
+class Browsed:
+    """What a bounded look into a queue saw: the first messages, and how many the queue held."""
+
+    messages: tuple[QueuedMessage, ...]
+    total: int
+    """Messages ready in the queue when the look began (more than ``messages`` when bounded)."""
+
+
 QueueRef = str | QueueSpec
 """A queue by name (it must exist) or by spec (declared first, again after every reconnect)."""
 

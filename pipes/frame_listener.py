@@ -10,6 +10,13 @@ again, as after a crash (outcomes are deduplicated by task id downstream). Given
 in it: members that already have a confirmed result are acked instead of handed out, so a frame
 a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
 as any redelivered AMQP message would.)
+
+A message that starts like a frame but is not one truba packs (see
+:func:`~truba.pipes.frame_format.members`: bytes after the members, no members, a frame inside,
+two members with the same ``member_key``) is poison: none of its members runs. With a
+``dead_letters`` sender it is published there as a poison record carrying the reason (as the
+deserialize layer does for a message it cannot decode), then acked; without one it is rejected
+without requeue, so the broker dead-letters it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,9 @@ from typing import final
 
 from truba.pipes.base import Delivery, Listener, Sender
 from truba.pipes.errors import PipeError
-from truba.pipes.frame_format import unpack
+from truba.pipes.frame_format import MalformedFrame
+from truba.pipes.frame_format import members as frame_members
+from truba.pipes.serialize import poison_record
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +120,20 @@ class FrameListener:
     name = "unframe"
 
     def __init__(
-        self, inner: Listener[bytes], *, requeue: Sender[bytes] | None = None, done: DoneCheck | None = None
+        self,
+        inner: Listener[bytes],
+        *,
+        requeue: Sender[bytes] | None = None,
+        done: DoneCheck | None = None,
+        member_key: Callable[[bytes], str | None] | None = None,
+        dead_letters: Sender[bytes] | None = None,
     ) -> None:
         self.inner = inner
         self._requeue = requeue
         self._done = done
+        self._member_key = member_key
+        """The key two members of one frame must not share (a task id), None for none."""
+        self._dead_letters = dead_letters
         self._looking_up = False
         self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
         """Members received and not handed out yet, with when their frame arrived."""
@@ -218,7 +236,9 @@ class FrameListener:
     async def _unsettled(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
         """The members of ``delivery`` to hand out: all of them, but for a redelivered one those
         that the ``done`` record says have a result already (they are acked here)."""
-        members = self._split(delivery)
+        members = await self._split(delivery)
+        if not members:
+            return members
         if self._done is None or not delivery.redelivered or len(members) == 1:
             return members  # a lone message runs again, as any redelivered AMQP message would
         self._looking_up = True
@@ -235,9 +255,32 @@ class FrameListener:
             await members[i].ack()
         return [member for i, member in enumerate(members) if i not in done]
 
-    def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
-        members = unpack(delivery.message)
-        if not members:
+    async def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
+        """The members of ``delivery`` (itself when it is a lone message; none when it is a
+        malformed frame, which goes to the dead-letter path)."""
+        try:
+            found = frame_members(delivery.message, self._member_key)
+        except MalformedFrame as exc:
+            await self._dead_letter(delivery, str(exc))
+            return []
+        if found is None:
             return [delivery]
-        frame = _Frame(delivery, len(members), self._requeue)
-        return [_Member(message, frame) for message in members]
+        frame = _Frame(delivery, len(found), self._requeue)
+        return [_Member(message, frame) for message in found]
+
+    async def _dead_letter(self, delivery: Delivery[bytes], error: str) -> None:
+        """A malformed frame, whole and with its error, to ``dead_letters`` (else to the broker's
+        dead-letter exchange); the original is acked only once its record is confirmed."""
+        data = delivery.message
+        log.error(
+            "pipe.frame.malformed", extra={"error": error, "size": len(data), "prefix": data[:32].hex()}
+        )
+        if self._dead_letters is not None:
+            try:
+                await asyncio.wait_for(await self._dead_letters.send(poison_record(data, error)), 30)
+            except (PipeError, TimeoutError) as exc:
+                log.error("pipe.frame.dead_letter_failed", extra={"error": repr(exc)})
+            else:
+                await delivery.ack()
+                return
+        await delivery.reject(requeue=False)

@@ -171,6 +171,7 @@ def listen_stack(
     connect_timeout: float = 10.0,
     dead_letter_queue: str | QueueSpec | None = None,
     done: DoneCheck | None = None,
+    member_key: Callable[[bytes], str | None] | None = None,
 ) -> ListenStack[T]:
     """``deserialize → unframe → retry → log → merge[reopen → rabbit(prefetch window), ...]`` on ``queue``.
 
@@ -179,7 +180,8 @@ def listen_stack(
     Given a :class:`QueueSpec`, every (re)connect declares the queue (else it must exist).
     The window's total is spread over the brokers' leaves when it is split (see :class:`Window`).
     With ``done``, a redelivered message's members that have a confirmed result are acked, not
-    handed out (see :class:`FrameListener`).
+    handed out (see :class:`FrameListener`). With ``member_key`` (a task id), a frame with two
+    members of the same key is malformed: dead-lettered whole, as a frame that does not unpack.
     """
     window.leaves = len(brokers)
     leaves: list[Listener[bytes]] = [
@@ -198,7 +200,7 @@ def listen_stack(
     unframe: list[FrameListener] = []
 
     def unframe_layer(inner: Listener[bytes]) -> Listener[bytes]:
-        unframe.append(FrameListener(inner, done=done))
+        unframe.append(FrameListener(inner, done=done, member_key=member_key, dead_letters=dead_letters))
         return unframe[0]
 
     unframed: ListenerPipeline[T, bytes] = decoded.layer(unframe_layer)

@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeVar, final
 
-from truba.pipes.broker import QueueSpec, redact
+from truba.pipes.broker import Browsed, QueueSpec, redact
 from truba.pipes.errors import ChannelLost, PipeBroken, PipeError, SendTimeout
 from truba.scheduler.errors import Unavailable
 from truba.scheduler.model import JobQueues
@@ -36,6 +36,11 @@ class AdminConnection(Protocol):
     async def declare(self, spec: QueueSpec) -> None: ...
 
     async def delete(self, queue: str) -> None: ...
+
+    async def browse(self, queue: str, limit: int, take: Callable[[bytes], bool] | None = None) -> Browsed:
+        """The first ``limit`` messages of ``queue`` (none if it is missing); only those ``take``
+        chooses leave the queue."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -118,15 +123,24 @@ class BrokerAdmin:
 
         await self._run(f"declare {queues.tasks}", declare_all)
 
-    async def delete(self, queues: JobQueues) -> None:
-        """Deletes the job's queues (and its clients' marker) with their messages; missing queues
-        are no error."""
+    async def delete(self, queues: JobQueues, *, keep_dead: bool = False) -> None:
+        """Deletes the job's queues (and its clients' marker) with their messages, but for its
+        dead-letter queue with ``keep_dead``; missing queues are no error."""
 
         async def delete_all(connection: AdminConnection) -> None:
             for name in (*queues.all(), queues.marker):
-                await connection.delete(name)
+                if not (keep_dead and name == queues.dead):
+                    await connection.delete(name)
 
         await self._run(f"delete {queues.tasks}", delete_all)
+
+    async def delete_dead(self, dead: str) -> None:
+        """Deletes a job's dead-letter queue with its messages; a missing queue is no error."""
+        await self._run(f"delete {dead}", lambda connection: connection.delete(dead))
+
+    async def browse(self, queue: str, limit: int, take: Callable[[bytes], bool] | None = None) -> Browsed:
+        """The first ``limit`` messages of ``queue``, consumed for good only where ``take`` says so."""
+        return await self._run(f"browse {queue}", lambda connection: connection.browse(queue, limit, take))
 
     async def close(self) -> None:
         """Closes the admin connection; a later operation opens a new one."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from truba import logs
 from truba.channel import TOKEN_ENV
-from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT
+from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
 
 log = logging.getLogger(__name__)
@@ -83,6 +83,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         f" (default: {DEFAULT_CONSUMER_TIMEOUT:g}, RabbitMQ's)",
     )
     parser.add_argument(
+        "--keep-dead",
+        type=float,
+        default=DEFAULT_KEEP_DEAD,
+        metavar="S",
+        help="seconds a job's dead letters (given-up and poison tasks) are kept after it ends;"
+        f" 0 deletes them with its other queues (default: {DEFAULT_KEEP_DEAD:g}, 7 days)",
+    )
+    parser.add_argument(
         "--token-file",
         type=Path,
         default=None,
@@ -110,6 +118,7 @@ def main(args: argparse.Namespace) -> int:
             listen=args.listen,
             heartbeat_interval=args.heartbeat_interval,
             consumer_timeout=args.consumer_timeout,
+            keep_dead=args.keep_dead,
             token=_token(args.token_file),
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,

@@ -21,8 +21,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from typing import Final, final
 
 from truba.backoff import Backoff
@@ -37,6 +39,9 @@ RESWEEP_AFTER: Final = 2.0
 """Seconds after a job's queues were deleted before they are deleted once more (then again
 after :data:`RESWEEP_LAST` seconds)."""
 RESWEEP_LAST: Final = 30.0
+
+EXPIRE_EVERY: Final = 60.0
+"""Seconds at most between two looks for dead-letter queues whose keep time is past."""
 
 DELETE_BACKOFF: Final = Backoff(attempts=None, base=0.5, cap=30.0)
 """Waits between deletions of a job's queues on a broker that refuses them: until it succeeds."""
@@ -53,7 +58,13 @@ class QueueJanitor:
         *,
         backoff: Backoff = DELETE_BACKOFF,
         resweep_after: float = RESWEEP_AFTER,
+        clock: Callable[[], float] = time.time,
+        expire_every: float = EXPIRE_EVERY,
     ) -> None:
+        self._clock = clock
+        self._expire_every = expire_every
+        self._dead_kept = asyncio.Event()
+        """Set when a job ended keeping its dead letters: :meth:`watch_dead` looks at its deadline."""
         self._resweep_after = resweep_after
         self._resweeps: set[asyncio.Task[None]] = set()
         self._brokers = brokers
@@ -114,15 +125,63 @@ class QueueJanitor:
                 return
         log.info("sched.queues.restored", extra={"broker": broker.info.name, "jobs": len(queues)})
 
+    async def expire_dead(self) -> list[str]:
+        """Deletes every kept dead-letter queue whose deadline is past; returns their job ids.
+
+        A broker that fails keeps the job's deadline in the store: the next pass tries again.
+        """
+        now = self._clock()
+        expired = []
+        for job_id, until in self._store.dead_kept():
+            if until > now:
+                break
+            dead = job_queues(job_id).dead
+            results = await asyncio.gather(
+                *(broker.delete_dead(dead) for broker in self._brokers.all), return_exceptions=True
+            )
+            failed = [
+                f"{broker.info.name}: {result}"
+                for broker, result in zip(self._brokers.all, results, strict=True)
+                if isinstance(result, PipeError)
+            ]
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(result, PipeError):
+                    raise result
+            if failed:
+                log.warning("sched.dead.delete_failed", extra={"job_id": job_id, "errors": failed})
+                continue
+            self._store.forget_dead(job_id)
+            expired.append(job_id)
+            log.info("sched.dead.deleted", extra={"job_id": job_id, "kept_until": until})
+        return expired
+
+    async def watch_dead(self) -> None:
+        """Runs :meth:`expire_dead` at every deadline (at least every ``expire_every`` seconds)
+        until cancelled."""
+        while True:
+            await self.expire_dead()
+            kept = self._store.dead_kept()
+            wait = self._expire_every
+            if kept:
+                wait = min(wait, max(0.0, kept[0][1] - self._clock()))
+            self._dead_kept.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._dead_kept.wait(), max(wait, 0.01))
+
     async def _reap(self, job_id: str) -> None:
         if self._restoring is not None:
             await asyncio.wait({self._restoring})
         await asyncio.gather(*(self._reap_on(broker, job_id) for broker in self._brokers.all))
         self._store.forget_stale(job_id)
+        if self._keeps_dead(job_id):
+            self._dead_kept.set()
         log.info("sched.queues.deleted", extra={"job_id": job_id})
         task = asyncio.create_task(self._resweep(job_id), name=f"resweep-{job_id}")
         self._resweeps.add(task)
         task.add_done_callback(self._resweeps.discard)
+
+    def _keeps_dead(self, job_id: str) -> bool:
+        return self._store.dead_until(job_id) is not None
 
     async def _resweep(self, job_id: str) -> None:
         queues = job_queues(job_id)
@@ -132,7 +191,7 @@ class QueueJanitor:
             waited = at
             for broker in self._brokers.all:
                 try:
-                    await broker.delete(queues)
+                    await broker.delete(queues, keep_dead=self._keeps_dead(job_id))
                 except PipeError as exc:  # best effort: the first deletion succeeded
                     log.info(
                         "sched.queues.resweep_failed",
@@ -145,7 +204,7 @@ class QueueJanitor:
         attempt = 0
         while True:
             try:
-                await broker.delete(queues)
+                await broker.delete(queues, keep_dead=self._keeps_dead(job_id))
             except PipeError as exc:
                 delay = self._backoff.delay(attempt)  # jittered: brokers back are not hit in lockstep
                 attempt += 1

@@ -19,6 +19,7 @@ from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.brokers import BrokerInfo
 from truba.scheduler.convert import brokers_pb
+from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.events import EventKind
 from truba.scheduler.lifecycle import JobLifecycle
@@ -72,11 +73,18 @@ def reports_errors(method: Method[S, Req, Resp]) -> Method[S, Req, Resp]:
 class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     """Serves ``truba.v1.JobService``."""
 
-    def __init__(self, lifecycle: JobLifecycle, assigner: Assigner, brokers: Sequence[BrokerInfo]) -> None:
+    def __init__(
+        self,
+        lifecycle: JobLifecycle,
+        assigner: Assigner,
+        brokers: Sequence[BrokerInfo],
+        dead_letters: DeadLetterReader,
+    ) -> None:
         self._jobs = lifecycle
         self._assigner = assigner
         self._brokers = tuple(brokers)
         self._view = ClusterView(lifecycle, assigner)
+        self._dead = dead_letters
 
     def _pb(self, job: Job) -> jobs_pb2.Job:
         return self._view.job_pb(job)
@@ -194,3 +202,23 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             daemons=self._assigner.daemon_count,
             slots=self._assigner.total_slots,
         )
+
+    @reports_errors
+    async def ListDeadLetters(
+        self,
+        request: jobs_pb2.ListDeadLettersRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ListDeadLettersRequest, jobs_pb2.ListDeadLettersResponse],
+    ) -> jobs_pb2.ListDeadLettersResponse:
+        job = self._jobs.get(request.job_id)
+        return await self._dead.read(job, request.limit, bodies=request.bodies)
+
+    @reports_errors
+    async def RemoveDeadLetters(
+        self,
+        request: jobs_pb2.RemoveDeadLettersRequest,
+        context: grpc.aio.ServicerContext[
+            jobs_pb2.RemoveDeadLettersRequest, jobs_pb2.RemoveDeadLettersResponse
+        ],
+    ) -> jobs_pb2.RemoveDeadLettersResponse:
+        job = self._jobs.get(request.job_id)
+        return await self._dead.remove(job, request.task_ids)

@@ -16,7 +16,8 @@
   transaction and have the janitor delete its queues (waiting a little, so in the common case
   they are gone when the call returns). Repeating the same end is a no-op; any other change to
   an ended job is FAILED_PRECONDITION. Finishing an open job is allowed: the client says it
-  has every outcome it will wait for.
+  has every outcome it will wait for. The job's dead-letter queue is kept ``keep_dead`` seconds
+  after the end (its deadline stored in the same transaction; see :mod:`truba.scheduler.janitor`).
 
 Every change replans at once, so daemons learn of it without waiting for a heartbeat.
 """
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CONSUMER_TIMEOUT: Final = 1800.0
 """RabbitMQ's default delivery-ack timeout (30 minutes), seconds."""
+DEFAULT_KEEP_DEAD: Final = 7 * 24 * 3600.0
+"""Seconds an ended job's dead-letter queue (its given-up and poison tasks) is kept: 7 days."""
 
 
 @final
@@ -60,6 +63,7 @@ class JobLifecycle:
     Args:
         delete_wait: how long finish/cancel wait for the queues to be deleted before answering
             (the deletion goes on in the background after that).
+        keep_dead: seconds an ended job's dead-letter queue is kept (0: deleted with the others).
     """
 
     def __init__(
@@ -75,7 +79,11 @@ class JobLifecycle:
         clock: Callable[[], float] = time.time,
         delete_wait: float = 5.0,
         consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT,
+        keep_dead: float = DEFAULT_KEEP_DEAD,
     ) -> None:
+        if keep_dead < 0:
+            raise ValueError(f"keep_dead: must be >= 0, got {keep_dead}")
+        self._keep_dead = keep_dead
         self._store = store
         self.events = events or JobEvents()
         self.counters = counters or JobCounters()
@@ -245,8 +253,10 @@ class JobLifecycle:
         if not job.runnable:
             verb = "finished" if state is JobState.FINISHED else "cancelled"
             raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: it cannot be {verb}")
-        job = replace(job, state=state, finished_at=self._clock())
-        self._store.update(job, delete_queues=True)
+        now = self._clock()
+        job = replace(job, state=state, finished_at=now)
+        keep_until = now + self._keep_dead if self._keep_dead > 0 else None
+        self._store.update(job, delete_queues=True, keep_dead_until=keep_until)
         event = "sched.job.finished" if state is JobState.FINISHED else "sched.job.cancelled"
         log.info(event, extra={"job_id": job.id, "submitted": job.submitted})
         self.events.publish(job.id, EventKind.STATE)

@@ -33,12 +33,13 @@ from truba.scheduler.brokers import Brokers
 from truba.scheduler.call_metrics import CallCounter
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
+from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.events import JobEvents
 from truba.scheduler.history import JobHistory
 from truba.scheduler.http_api import HttpServer, build_app
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
-from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, JobLifecycle
+from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
@@ -72,6 +73,7 @@ class SchedulerConfig:
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
         consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
             ``consumer_timeout``); jobs with a longer task timeout are refused.
+        keep_dead: seconds an ended job's dead-letter queue is kept (0: deleted with the others).
         token: when set, every call but health checks must carry ``authorization: Bearer <token>``.
         tls_cert, tls_key: PEM files; when both are set the scheduler serves TLS only.
         http: ``HOST:PORT`` for metrics and the JSON API (:mod:`truba.scheduler.http_api`);
@@ -86,6 +88,7 @@ class SchedulerConfig:
     delete_wait: float = 5.0
     grpc_options: Sequence[tuple[str, int | str]] = field(default=())
     consumer_timeout: float = DEFAULT_CONSUMER_TIMEOUT
+    keep_dead: float = DEFAULT_KEEP_DEAD
     token: str | None = None
     tls_cert: Path | None = None
     tls_key: Path | None = None
@@ -106,6 +109,8 @@ class SchedulerConfig:
             raise ValueError("token: must not be empty")
         if not self.consumer_timeout > 0:
             raise ValueError(f"consumer_timeout: must be > 0, got {self.consumer_timeout}")
+        if not self.keep_dead >= 0:
+            raise ValueError(f"keep_dead: must be >= 0, got {self.keep_dead}")
         for name, address in (("listen", self.listen), ("http", self.http)):
             if address is None:
                 continue
@@ -194,6 +199,7 @@ class Scheduler:
             counters=counters,
             delete_wait=config.delete_wait,
             consumer_timeout=config.consumer_timeout,
+            keep_dead=config.keep_dead,
         )
 
         # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
@@ -206,7 +212,7 @@ class Scheduler:
             ],
         )
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobServicer(lifecycle, assigner, brokers.infos), server
+            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store)), server
         )
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
@@ -234,6 +240,7 @@ class Scheduler:
         janitor.resume()
         janitor.restore(job.queues for job in runnable)
         _background(assigner.watch(), stack, name="heartbeat-watchdog")
+        _background(janitor.watch_dead(), stack, name="dead-letters-expiry")
         _background(_flush_counters(counters, store), stack, name="counters-flush")
         stack.callback(_store_counters, counters, store)
         self._port = port

@@ -7,6 +7,12 @@ declared (:meth:`JobStore.reserve`) or in the same transaction that ends its job
 deleted them (:meth:`JobStore.forget_stale`). A crash at any point therefore leaves the ledger
 naming every queue that may be left behind, and a restarted scheduler deletes them.
 
+A job that ends may keep its dead-letter queue for a while (its given-up and poison tasks stay
+inspectable): the same transaction that ends it records until when (:meth:`JobStore.update`
+with ``keep_dead_until``), the janitor leaves that queue alone while the deletion of the others
+runs, and deletes it once the time is past (:meth:`JobStore.dead_kept`,
+:meth:`JobStore.forget_dead`); being in the store, the deadline survives a restart.
+
 The store is synchronous: each call is one short SQLite transaction on the event loop's thread,
 so the scheduler's read-modify-write sequences need no locks.
 """
@@ -24,7 +30,7 @@ from typing import Any, Final, Protocol, final
 
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
 
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 
 _SCHEMA: Final = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -45,6 +51,10 @@ CREATE TABLE IF NOT EXISTS stale_queues (
     job_id TEXT PRIMARY KEY,
     since  REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS dead_queues (
+    job_id TEXT PRIMARY KEY,
+    until  REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS counters (
     job_id TEXT PRIMARY KEY,
     data   TEXT NOT NULL
@@ -54,6 +64,8 @@ CREATE TABLE IF NOT EXISTS counters (
 _MIGRATIONS: Final = {
     # version 1 -> 2: job settings, task counters
     1: ("ALTER TABLE jobs ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'",),
+    # version 2 -> 3: dead-letter queues kept after their job ended (the table is created below)
+    2: (),
 }
 
 _COLUMNS: Final = (
@@ -75,8 +87,9 @@ class JobStore(Protocol):
             KeyError: a job with that id exists.
         """
 
-    def update(self, job: Job, *, delete_queues: bool = False) -> None:
-        """Replaces a stored job; with ``delete_queues`` its id enters the stale ledger too.
+    def update(self, job: Job, *, delete_queues: bool = False, keep_dead_until: float | None = None) -> None:
+        """Replaces a stored job; with ``delete_queues`` its id enters the stale ledger too, and
+        with ``keep_dead_until`` (Unix time) its dead-letter queue is kept until then.
 
         Raises:
             KeyError: no job with that id.
@@ -93,6 +106,15 @@ class JobStore(Protocol):
 
     def forget_stale(self, job_id: str) -> None:
         """Removes ``job_id`` from the ledger: its queues are gone from every broker."""
+
+    def dead_until(self, job_id: str) -> float | None:
+        """Until when the ended job's dead-letter queue is kept (None: not kept, or deleted)."""
+
+    def dead_kept(self) -> Sequence[tuple[str, float]]:
+        """``(job_id, until)`` of every dead-letter queue kept, soonest deadline first."""
+
+    def forget_dead(self, job_id: str) -> None:
+        """The job's dead-letter queue is gone from every broker."""
 
     def save_counters(self, counters: Mapping[str, str]) -> None:
         """Stores each job's counters (an opaque JSON text per job id), replacing older ones."""
@@ -147,7 +169,7 @@ class SqliteJobStore:
         except sqlite3.IntegrityError:
             raise KeyError(job.id) from None
 
-    def update(self, job: Job, *, delete_queues: bool = False) -> None:
+    def update(self, job: Job, *, delete_queues: bool = False, keep_dead_until: float | None = None) -> None:
         with self._db:
             cursor = self._db.execute(
                 "UPDATE jobs SET name=?, handler=?, importance=?, state=?, submitted=?, created_at=?,"
@@ -159,6 +181,11 @@ class SqliteJobStore:
             if delete_queues:
                 self._db.execute(
                     "INSERT OR IGNORE INTO stale_queues (job_id, since) VALUES (?, ?)", (job.id, time.time())
+                )
+            if keep_dead_until is not None:
+                self._db.execute(
+                    "INSERT OR REPLACE INTO dead_queues (job_id, until) VALUES (?, ?)",
+                    (job.id, keep_dead_until),
                 )
 
     def get(self, job_id: str) -> Job | None:
@@ -180,6 +207,18 @@ class SqliteJobStore:
     def forget_stale(self, job_id: str) -> None:
         with self._db:
             self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job_id,))
+
+    def dead_until(self, job_id: str) -> float | None:
+        row = self._db.execute("SELECT until FROM dead_queues WHERE job_id = ?", (job_id,)).fetchone()
+        return None if row is None else float(row[0])
+
+    def dead_kept(self) -> Sequence[tuple[str, float]]:
+        rows = self._db.execute("SELECT job_id, until FROM dead_queues ORDER BY until, job_id")
+        return [(str(job_id), float(until)) for job_id, until in rows]
+
+    def forget_dead(self, job_id: str) -> None:
+        with self._db:
+            self._db.execute("DELETE FROM dead_queues WHERE job_id = ?", (job_id,))
 
     def save_counters(self, counters: Mapping[str, str]) -> None:
         with self._db:

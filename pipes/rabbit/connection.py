@@ -14,8 +14,9 @@ import aio_pika
 import aiormq.exceptions as amqp
 from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
 
-from truba.pipes.broker import Broker, BrokerFactory, QueueSpec, redact
+from truba.pipes.broker import Broker, BrokerFactory, Browsed, QueueSpec, redact
 from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
+from truba.pipes.rabbit.browse import browse
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
 from truba.pipes.rabbit.sender import RabbitSender
@@ -204,6 +205,11 @@ class RabbitConnection:
                 await channel.queue_delete(queue)
         finally:
             await close_quietly(channel)
+
+    async def browse(self, queue: str, limit: int, take: Callable[[bytes], bool] | None = None) -> Browsed:
+        """The first ``limit`` messages of ``queue``, consumed for good only where ``take`` says
+        so (see :func:`truba.pipes.rabbit.browse.browse`)."""
+        return await browse(await self._channel(confirms=False), queue, limit, take)
 
     async def message_count(self, queue: str) -> int | None:
         """Ready messages in ``queue``, or None if it does not exist."""

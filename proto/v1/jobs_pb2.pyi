@@ -74,6 +74,31 @@ JOB_EVENT_KIND_IMPORTANCE: JobEventKind.ValueType  # 4
 JOB_EVENT_KIND_PROGRESS: JobEventKind.ValueType  # 5
 Global___JobEventKind: _TypeAlias = JobEventKind  # noqa: Y015
 
+class _DeadLetterReason:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _DeadLetterReasonEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_DeadLetterReason.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    DEAD_LETTER_REASON_UNSPECIFIED: _DeadLetterReason.ValueType  # 0
+    DEAD_LETTER_REASON_GAVE_UP: _DeadLetterReason.ValueType  # 1
+    """Every attempt timed out, crashed its slot or lost its daemon (max_attempts spent)."""
+    DEAD_LETTER_REASON_POISON: _DeadLetterReason.ValueType  # 2
+    """The message could not be decoded, or was a malformed frame: it never ran."""
+    DEAD_LETTER_REASON_REFUSED: _DeadLetterReason.ValueType  # 3
+    """The broker dead-lettered it: rejected without requeue, expired or over a queue limit."""
+
+class DeadLetterReason(_DeadLetterReason, metaclass=_DeadLetterReasonEnumTypeWrapper): ...
+
+DEAD_LETTER_REASON_UNSPECIFIED: DeadLetterReason.ValueType  # 0
+DEAD_LETTER_REASON_GAVE_UP: DeadLetterReason.ValueType  # 1
+"""Every attempt timed out, crashed its slot or lost its daemon (max_attempts spent)."""
+DEAD_LETTER_REASON_POISON: DeadLetterReason.ValueType  # 2
+"""The message could not be decoded, or was a malformed frame: it never ran."""
+DEAD_LETTER_REASON_REFUSED: DeadLetterReason.ValueType  # 3
+"""The broker dead-lettered it: rejected without requeue, expired or over a queue limit."""
+Global___DeadLetterReason: _TypeAlias = DeadLetterReason  # noqa: Y015
+
 @_typing.final
 class Job(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
@@ -511,3 +536,172 @@ class ClusterInfo(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ClusterInfo: _TypeAlias = ClusterInfo  # noqa: Y015
+
+@_typing.final
+class DeadLetter(_message.Message):
+    """One message of a job's dead-letter queue."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    REASON_FIELD_NUMBER: _builtins.int
+    ERROR_TYPE_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
+    TRACEBACK_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    BROKER_FIELD_NUMBER: _builtins.int
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    BODY_FIELD_NUMBER: _builtins.int
+    SIZE_FIELD_NUMBER: _builtins.int
+    task_id: _builtins.str
+    """Empty when the message cannot be read as a task (poison)."""
+    reason: Global___DeadLetterReason.ValueType
+    error_type: _builtins.str
+    """What ended it: the exception type and message, and the traceback where there is one."""
+    error_message: _builtins.str
+    traceback: _builtins.str
+    attempts: _builtins.int
+    """Attempts spent on the task (0: unknown)."""
+    broker: _builtins.str
+    """The broker holding it ("b0", "b1", ...)."""
+    daemon_id: _builtins.str
+    """The daemon that gave it up (given-up tasks only)."""
+    body: _builtins.bytes
+    """The task message as it was delivered (truba's task format), or the raw bytes of a poison
+    message; empty when not asked for or past the response's byte budget (see size).
+    """
+    size: _builtins.int
+    """Length of the body in bytes, also when it is left out."""
+    def __init__(
+        self,
+        *,
+        task_id: _builtins.str = ...,
+        reason: Global___DeadLetterReason.ValueType = ...,
+        error_type: _builtins.str = ...,
+        error_message: _builtins.str = ...,
+        traceback: _builtins.str = ...,
+        attempts: _builtins.int = ...,
+        broker: _builtins.str = ...,
+        daemon_id: _builtins.str = ...,
+        body: _builtins.bytes = ...,
+        size: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempts", b"attempts", "body", b"body", "broker", b"broker", "daemon_id", b"daemon_id", "error_message", b"error_message", "error_type", b"error_type", "reason", b"reason", "size", b"size", "task_id", b"task_id", "traceback", b"traceback"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___DeadLetter: _TypeAlias = DeadLetter  # noqa: Y015
+
+@_typing.final
+class ListDeadLettersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    BODIES_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    limit: _builtins.int
+    """At most this many per broker (0: 100; at most 1000)."""
+    bodies: _builtins.bool
+    """Include each message's body (2 MiB in all at most; the rest come without)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+        bodies: _builtins.bool = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["bodies", b"bodies", "job_id", b"job_id", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeadLettersRequest: _TypeAlias = ListDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class ListDeadLettersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DEAD_LETTERS_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_FIELD_NUMBER: _builtins.int
+    TRUNCATED_FIELD_NUMBER: _builtins.int
+    KEPT_UNTIL_FIELD_NUMBER: _builtins.int
+    truncated: _builtins.bool
+    """A broker holds more than the limit."""
+    kept_until: _builtins.float
+    """Unix time until which an ended job's dead letters are kept (0: the job runs)."""
+    @_builtins.property
+    def dead_letters(self) -> _containers.RepeatedCompositeFieldContainer[Global___DeadLetter]:
+        """Broker by broker, oldest first on each."""
+
+    @_builtins.property
+    def unreachable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Brokers that could not be read, each with why ("b1: ConnectionLost: ...")."""
+
+    def __init__(
+        self,
+        *,
+        dead_letters: _abc.Iterable[Global___DeadLetter] | None = ...,
+        unreachable: _abc.Iterable[_builtins.str] | None = ...,
+        truncated: _builtins.bool = ...,
+        kept_until: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dead_letters", b"dead_letters", "kept_until", b"kept_until", "truncated", b"truncated", "unreachable", b"unreachable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListDeadLettersResponse: _TypeAlias = ListDeadLettersResponse  # noqa: Y015
+
+@_typing.final
+class RemoveDeadLettersRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TASK_IDS_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    @_builtins.property
+    def task_ids(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]: ...
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        task_ids: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "task_ids", b"task_ids"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveDeadLettersRequest: _TypeAlias = RemoveDeadLettersRequest  # noqa: Y015
+
+@_typing.final
+class RemoveDeadLettersResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    REMOVED_FIELD_NUMBER: _builtins.int
+    UNREACHABLE_FIELD_NUMBER: _builtins.int
+    removed: _builtins.int
+    """Dead letters deleted, over every broker."""
+    @_builtins.property
+    def unreachable(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
+        """Brokers that could not be reached, each with why."""
+
+    def __init__(
+        self,
+        *,
+        removed: _builtins.int = ...,
+        unreachable: _abc.Iterable[_builtins.str] | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["removed", b"removed", "unreachable", b"unreachable"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RemoveDeadLettersResponse: _TypeAlias = RemoveDeadLettersResponse  # noqa: Y015

@@ -84,6 +84,16 @@ class JobServiceStub:
                 request_serializer=truba_dot_v1_dot_jobs__pb2.GetClusterInfoRequest.SerializeToString,
                 response_deserializer=truba_dot_v1_dot_jobs__pb2.ClusterInfo.FromString,
                 _registered_method=True)
+        self.ListDeadLetters = channel.unary_unary(
+                '/truba.v1.JobService/ListDeadLetters',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.ListDeadLettersRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.ListDeadLettersResponse.FromString,
+                _registered_method=True)
+        self.RemoveDeadLetters = channel.unary_unary(
+                '/truba.v1.JobService/RemoveDeadLetters',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -157,6 +167,22 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListDeadLetters(self, request, context):
+        """The job's dead letters (given-up, poison and refused tasks), read from every broker without
+        consuming them. Kept after the job ends for the scheduler's --keep-dead time; after that
+        FAILED_PRECONDITION.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def RemoveDeadLetters(self, request, context):
+        """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -209,6 +235,16 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetClusterInfo,
                     request_deserializer=truba_dot_v1_dot_jobs__pb2.GetClusterInfoRequest.FromString,
                     response_serializer=truba_dot_v1_dot_jobs__pb2.ClusterInfo.SerializeToString,
+            ),
+            'ListDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListDeadLetters,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.ListDeadLettersRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.ListDeadLettersResponse.SerializeToString,
+            ),
+            'RemoveDeadLetters': grpc.unary_unary_rpc_method_handler(
+                    servicer.RemoveDeadLetters,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -481,6 +517,60 @@ class JobService:
             '/truba.v1.JobService/GetClusterInfo',
             truba_dot_v1_dot_jobs__pb2.GetClusterInfoRequest.SerializeToString,
             truba_dot_v1_dot_jobs__pb2.ClusterInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/ListDeadLetters',
+            truba_dot_v1_dot_jobs__pb2.ListDeadLettersRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.ListDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RemoveDeadLetters(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/RemoveDeadLetters',
+            truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -49,6 +49,13 @@ class JobServiceStub:
     """Task counters from the submitting client; they feed the job's demand."""
     GetClusterInfo: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetClusterInfoRequest, _jobs_pb2.ClusterInfo]
     """What a client needs to reach the data plane."""
+    ListDeadLetters: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListDeadLettersRequest, _jobs_pb2.ListDeadLettersResponse]
+    """The job's dead letters (given-up, poison and refused tasks), read from every broker without
+    consuming them. Kept after the job ends for the scheduler's --keep-dead time; after that
+    FAILED_PRECONDITION.
+    """
+    RemoveDeadLetters: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.RemoveDeadLettersRequest, _jobs_pb2.RemoveDeadLettersResponse]
+    """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -71,6 +78,13 @@ class JobServiceAsyncStub(JobServiceStub):
     """Task counters from the submitting client; they feed the job's demand."""
     GetClusterInfo: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetClusterInfoRequest, _jobs_pb2.ClusterInfo]  # type: ignore[assignment]
     """What a client needs to reach the data plane."""
+    ListDeadLetters: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListDeadLettersRequest, _jobs_pb2.ListDeadLettersResponse]  # type: ignore[assignment]
+    """The job's dead letters (given-up, poison and refused tasks), read from every broker without
+    consuming them. Kept after the job ends for the scheduler's --keep-dead time; after that
+    FAILED_PRECONDITION.
+    """
+    RemoveDeadLetters: _aio.UnaryUnaryMultiCallable[_jobs_pb2.RemoveDeadLettersRequest, _jobs_pb2.RemoveDeadLettersResponse]  # type: ignore[assignment]
+    """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -150,5 +164,24 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.ClusterInfo, _abc.Awaitable[_jobs_pb2.ClusterInfo]]:
         """What a client needs to reach the data plane."""
+
+    @_abc_1.abstractmethod
+    def ListDeadLetters(
+        self,
+        request: _jobs_pb2.ListDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ListDeadLettersResponse, _abc.Awaitable[_jobs_pb2.ListDeadLettersResponse]]:
+        """The job's dead letters (given-up, poison and refused tasks), read from every broker without
+        consuming them. Kept after the job ends for the scheduler's --keep-dead time; after that
+        FAILED_PRECONDITION.
+        """
+
+    @_abc_1.abstractmethod
+    def RemoveDeadLetters(
+        self,
+        request: _jobs_pb2.RemoveDeadLettersRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.RemoveDeadLettersResponse, _abc.Awaitable[_jobs_pb2.RemoveDeadLettersResponse]]:
+        """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

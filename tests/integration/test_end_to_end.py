@@ -28,7 +28,7 @@ def cluster(rabbit_nodes: list[object], tmp_path: Path) -> Iterator[Cluster]:
         running.local.stop()
 
 
-def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_deleted(
+def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_but_the_dead_letters_are_deleted(
     cluster: Cluster, rabbit_nodes: list[object]
 ) -> None:
     payloads = list(range(2000))
@@ -55,7 +55,8 @@ def test_a_job_of_2000_tasks_gives_exactly_2000_outcomes_and_its_queues_are_dele
     # Both daemons worked on it.
     assert len({o.daemon_id for o in outcomes}) == 2
     assert info.state == jobs_pb2.JOB_STATE_FINISHED
-    assert queues_of(job.id, rabbit_nodes) == []
+    # The dead-letter queues are kept (the scheduler's --keep-dead), the others deleted
+    assert queues_of(job.id, rabbit_nodes) == [info.queues.dead] * 2
 
 
 def test_a_daemon_killed_halfway_loses_no_outcome(cluster: Cluster) -> None:

@@ -135,7 +135,7 @@ class FakeDaemon:
         self._outgoing.put_nowait(None)
 
 
-async def test_create_declares_three_queues_on_every_broker_and_finish_deletes_them(
+async def test_create_declares_three_queues_on_every_broker_and_finish_deletes_all_but_the_dead_letters(
     jobs: jobs_pb2_grpc.JobServiceAsyncStub, rabbit_nodes: Sequence[Node]
 ) -> None:
     response = await create(jobs)
@@ -152,22 +152,22 @@ async def test_create_declares_three_queues_on_every_broker_and_finish_deletes_t
     assert (closed.state, closed.submitted) == (jobs_pb2.JOB_STATE_CLOSED, 3)
     finished = await jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=job.id))
     assert finished.state == jobs_pb2.JOB_STATE_FINISHED and finished.finished_at >= finished.closed_at > 0
-    for names in await queues_on(rabbit_nodes):
-        assert not queue_names(job) & names
+    for names in await queues_on(rabbit_nodes):  # the dead letters are kept (--keep-dead)
+        assert queue_names(job) & names == {job.queues.dead}
     listed = await jobs.ListJobs(jobs_pb2.ListJobsRequest())
     assert job.id not in {j.id for j in listed.jobs}
     listed = await jobs.ListJobs(jobs_pb2.ListJobsRequest(include_done=True))
     assert job.id in {j.id for j in listed.jobs}
 
 
-async def test_cancel_deletes_the_queues_from_every_broker(
+async def test_cancel_deletes_the_queues_but_the_dead_letters_from_every_broker(
     jobs: jobs_pb2_grpc.JobServiceAsyncStub, rabbit_nodes: Sequence[Node]
 ) -> None:
     job = (await create(jobs)).job
     cancelled = await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
     assert cancelled.state == jobs_pb2.JOB_STATE_CANCELLED
     for names in await queues_on(rabbit_nodes):
-        assert not queue_names(job) & names
+        assert queue_names(job) & names == {job.queues.dead}
     code, details = await refused(jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=job.id)))
     assert (
         code == grpc.StatusCode.FAILED_PRECONDITION

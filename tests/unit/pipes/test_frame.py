@@ -154,14 +154,6 @@ async def test_without_a_requeue_sender_the_whole_frame_goes_back() -> None:
     assert inner.rejected == [(frame, True)]
 
 
-async def test_garbage_with_the_magic_is_passed_on_as_it_is() -> None:
-    inner: FakeListener[bytes] = FakeListener()
-    listener = FrameListener(inner)
-    inner.push(MAGIC + b"\xff not a frame")
-    delivery = await listener.get(1.0)
-    assert delivery is not None and delivery.message == MAGIC + b"\xff not a frame"
-
-
 async def test_a_lone_send_that_raises_was_not_taken_and_is_not_kept() -> None:
     inner: FakeSender[bytes] = FakeSender()
     inner.fail_next(PipeBroken("gone"))

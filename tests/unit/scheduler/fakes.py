@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from truba.pipes.broker import QueueSpec, redact
+from truba.pipes.broker import Browsed, QueuedMessage, QueueSpec, redact
 from truba.pipes.errors import ChannelLost, ConnectionLost
 from truba.scheduler.brokers import AdminConnection, Brokers
 
@@ -22,6 +23,8 @@ class FakeBroker:
     deletes: int = 0
     refuses: set[str] = field(default_factory=set)
     """Queue kinds it refuses to declare (as a broker without streams refuses streams)."""
+    messages: dict[str, list[QueuedMessage]] = field(default_factory=dict)
+    """Messages in its queues (only browsed here), oldest first."""
 
 
 class FakeConnection:
@@ -52,6 +55,21 @@ class FakeConnection:
         await self._check()
         self.broker.deletes += 1
         self.broker.queues.pop(queue, None)
+        self.broker.messages.pop(queue, None)
+
+    async def browse(self, queue: str, limit: int, take: Callable[[bytes], bool] | None = None) -> Browsed:
+        await self._check()
+        if queue not in self.broker.queues:
+            return Browsed((), 0)
+        held = self.broker.messages.setdefault(queue, [])
+        total = len(held)
+        seen = [
+            QueuedMessage(m.body, m.headers, taken=take is not None and take(m.body)) for m in held[:limit]
+        ]
+        taken = [m.body for m in seen if m.taken]
+        for body in taken:
+            held.remove(next(m for m in held if m.body == body))
+        return Browsed(tuple(seen), total)
 
     async def close(self) -> None:
         self.closed = True

@@ -32,7 +32,8 @@ class World:
 async def world(cluster: FakeCluster, store: SqliteJobStore, clock: ManualClock) -> AsyncIterator[World]:
     assigner = Assigner(DaemonRegistry(), store.list, heartbeat_interval=1.0, clock=clock, event_delay=0)
     janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
-    jobs = JobLifecycle(store, cluster.brokers, janitor, assigner, clock=clock, delete_wait=1.0)
+    # Dead-letter queues deleted with the others here; keeping them is in test_dead_keep.py.
+    jobs = JobLifecycle(store, cluster.brokers, janitor, assigner, clock=clock, delete_wait=1.0, keep_dead=0)
     yield World(jobs, assigner, janitor, store, cluster)
     await janitor.close()
 

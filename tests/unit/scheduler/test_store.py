@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
-from truba.scheduler.store import SqliteJobStore, settings_from_json, settings_json
+from truba.scheduler.store import SCHEMA_VERSION, SqliteJobStore, settings_from_json, settings_json
 
 
 def make_job(job_id: str, created_at: float, **changes: object) -> Job:
@@ -146,7 +146,7 @@ def test_a_version_1_file_is_migrated_and_its_jobs_get_default_settings(tmp_path
         assert job is not None and job.settings == JobSettings() and job.importance == 2.0
         assert store.load_counters() == {}
         (version,) = sqlite3.connect(path).execute("PRAGMA user_version").fetchone()
-        assert version == 2
+        assert version == SCHEMA_VERSION
     finally:
         store.close()
 
