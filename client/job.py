@@ -348,6 +348,10 @@ class Job(Generic[P, R]):
     async def retry_dead(self) -> dict[str, str]:
         """Sends the dead tasks again as new tasks, each with a fresh outcome; ``{old id: new id}``."""
         retry = DeadRetry(
-            self._jobs, self.id, self._status, lambda t: self.submit(t.payload, priority=t.priority or None)
+            self._jobs,
+            self.id,
+            self._status,
+            # a dead letter's payload is one this job took before: a P
+            lambda t: self.submit(cast(P, t.payload), priority=t.priority or None),
         )
         return await retry.retry()
