@@ -59,9 +59,12 @@ def redact_url(url: str) -> str:
     except psycopg.ProgrammingError:
         return "postgresql://?"
     user = f"{params['user']}@" if params.get("user") else ""
-    host = params.get("host") or ""
+    host = str(params.get("host") or "")
     port = f":{params['port']}" if params.get("port") else ""
-    return f"postgresql://{user}{host}{port}/{params.get('dbname') or ''}"
+    dbname = params.get("dbname") or ""
+    if host.startswith("/"):  # a unix socket folder
+        return f"postgresql://{user}/{dbname}?host={host}{'&port=' + str(params['port']) if port else ''}"
+    return f"postgresql://{user}{host}{port}/{dbname}"
 
 
 def connect_params(url: str, timeout: float) -> dict[str, Any]:
