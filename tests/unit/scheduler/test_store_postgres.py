@@ -11,10 +11,16 @@ import pytest
 from tests.postgres import LocalPostgres
 from tests.unit.scheduler.test_store import make_job
 from truba.cli import main
+from truba.client import Client
+from truba.client import errors as client_errors
 from truba.local import free_port
+from truba.scheduler import Scheduler, SchedulerConfig, server
+from truba.scheduler.counters import JobCounters
 from truba.scheduler.errors import StoreUnavailable, Unavailable
 from truba.scheduler.model import JobState
 from truba.scheduler.store_postgres import PostgresJobStore, connect_params, redact_url
+
+NO_BROKER = "amqp://guest:guest@127.0.0.1:1/"
 
 
 @pytest.fixture
@@ -149,3 +155,30 @@ def test_every_wait_is_bounded_and_the_url_may_set_its_own_bounds() -> None:
 def test_the_password_never_shows_in_the_store_s_name() -> None:
     assert redact_url("postgresql://u:pw@db.example:5433/jobs") == "postgresql://u@db.example:5433/jobs"
     assert redact_url("postgresql:///jobs?host=/tmp/x&password=pw") == "postgresql:///jobs?host=/tmp/x"
+
+
+async def test_a_scheduler_answers_unavailable_while_its_database_is_down_and_recovers(
+    own_server: LocalPostgres, tmp_path: Path
+) -> None:
+    url = own_server.create_database()
+    config = SchedulerConfig(
+        brokers=[NO_BROKER], state_dir=tmp_path, listen="127.0.0.1:0", store=url, store_timeout=1.0
+    )
+    async with Scheduler(config) as scheduler, Client(scheduler.address) as client:
+        assert await client.list_jobs(include_done=True) == []
+        own_server.kill()
+        with pytest.raises(client_errors.Unavailable, match=f"the store {url} is unreachable"):
+            await client.list_jobs(include_done=True)
+        own_server.start()
+        assert await client.list_jobs(include_done=True) == []
+
+
+def test_counters_the_store_could_not_take_stay_dirty_for_the_next_flush(
+    postgres_server: LocalPostgres,
+) -> None:
+    counters = JobCounters()
+    counters.client_report("j1", submitted=3, received=0, now=1.0)
+    down = PostgresJobStore(postgres_server.create_database())
+    down.close()  # every call now fails with StoreUnavailable
+    server._store_counters(counters, down)  # the flush loop goes on
+    assert set(counters.dirty()) == {"j1"}
