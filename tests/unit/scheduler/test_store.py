@@ -15,6 +15,7 @@ from truba.scheduler.errors import StoreTooNew
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
 from truba.scheduler.store import JobStore, SqliteJobStore, settings_from_json, settings_json
 from truba.scheduler.store_schema import MIGRATIONS, SCHEMA_VERSION, Migration
+from truba.scheduler.validate import MAX_SUBMITTED
 
 
 def make_job(job_id: str, created_at: float, **changes: object) -> Job:
@@ -91,8 +92,6 @@ def test_update_replaces_a_job_and_unknown_ids_are_errors(store: JobStore) -> No
 
 
 def test_the_largest_task_count_is_stored(store: JobStore) -> None:
-    from truba.scheduler.validate import MAX_SUBMITTED
-
     job = make_job("big", 1.0, state=JobState.CLOSED, submitted=MAX_SUBMITTED, closed_at=2.0)
     store.insert(job)
     assert store.get("big") == job
