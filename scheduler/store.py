@@ -36,7 +36,12 @@ RUNNABLE_STATES: Final = (JobState.OPEN.value, JobState.CLOSED.value)
 
 
 class JobStore(Protocol):
-    """Durable jobs plus the stale-queue ledger. Jobs are listed oldest first."""
+    """Durable jobs plus the stale-queue ledger. Jobs are listed oldest first.
+
+    Any call may raise :class:`~truba.scheduler.errors.StoreUnavailable` when the database behind
+    the store fails or passes its timeout (PostgreSQL); the call had no effect unless the
+    connection broke during its commit.
+    """
 
     def reserve(self, job_id: str) -> None:
         """Records that queues of ``job_id`` may be declared from now on (a stale-ledger entry)."""
