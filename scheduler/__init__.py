@@ -1,6 +1,6 @@
 """truba's scheduler: jobs, daemons and which daemon's slots serve which job.
 
-It keeps jobs in SQLite (:mod:`~truba.scheduler.store`), declares and deletes their queues on
+It keeps jobs in SQLite or PostgreSQL (:mod:`~truba.scheduler.store`), declares and deletes their queues on
 every broker (:mod:`~truba.scheduler.brokers`, :mod:`~truba.scheduler.janitor`), plans slots
 with a pure function (:mod:`~truba.scheduler.planner`) and pushes each daemon its share over
 the Connect stream (:mod:`~truba.scheduler.assigner`, :mod:`~truba.scheduler.daemons`). The

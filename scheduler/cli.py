@@ -17,6 +17,7 @@ from pathlib import Path
 
 from truba import logs
 from truba.channel import TOKEN_ENV
+from truba.scheduler.errors import SchedulerError
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
 
@@ -66,6 +67,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         metavar="DIR",
         help="directory of the job store (default: $XDG_STATE_HOME/truba/scheduler)",
+    )
+    parser.add_argument(
+        "--store",
+        default=None,
+        metavar="URL",
+        help="keep jobs in this PostgreSQL database, e.g. postgresql://truba@db.example:5432/truba"
+        " (a password goes in ~/.pgpass or $PGPASSWORD, not on argv); default: SQLite in --state",
+    )
+    parser.add_argument(
+        "--store-timeout",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="bound on connecting to the --store database and on each statement (default: 5)",
     )
     parser.add_argument(
         "--heartbeat-interval",
@@ -123,6 +138,8 @@ def main(args: argparse.Namespace) -> int:
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
             http=http_address(args.http, args.listen),
+            store=args.store,
+            store_timeout=args.store_timeout,
         )
     except (ValueError, OSError) as exc:
         log.error("sched.bad_args", extra={"error": str(exc)})
@@ -156,7 +173,7 @@ async def _serve(config: SchedulerConfig) -> int:
     scheduler = Scheduler(config)
     try:
         await scheduler.start()
-    except RuntimeError as exc:  # cannot bind, or the state directory is in use
+    except (RuntimeError, SchedulerError) as exc:  # cannot bind, state directory in use, store down
         log.error("sched.start_failed", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 1

@@ -8,7 +8,9 @@
          │                       starts with the field name ("handler: must look like ...")
          ├─ NotFound             NOT_FOUND: no job with that id
          ├─ FailedPrecondition   FAILED_PRECONDITION: the job's state or the cluster forbids it
-         └─ Unavailable          UNAVAILABLE: a broker could not be reached; retrying may help
+         ├─ Unavailable          UNAVAILABLE: a broker could not be reached; retrying may help
+         │   └─ StoreUnavailable UNAVAILABLE: the store's database is unreachable or too slow
+         └─ StoreTooNew          FAILED_PRECONDITION: the store was written by a newer truba
 
 The scheduler's core raises these; the servicers translate them into a status once, with
 ``reports_errors`` in :mod:`truba.scheduler.jobs` (the daemon stream reports its own).
@@ -55,3 +57,17 @@ class Unavailable(SchedulerError):
     """A dependency (a broker) is unreachable; the operation had no effect and may be retried."""
 
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class StoreUnavailable(Unavailable):
+    """The store's database cannot be reached, or did not answer within its timeout.
+
+    A write that fails this way had no effect, unless the connection broke during its commit:
+    then it may have been committed, and reading it back tells.
+    """
+
+
+class StoreTooNew(SchedulerError):
+    """The store's schema was written by a newer truba: this one refuses to start on it."""
+
+    code = grpc.StatusCode.FAILED_PRECONDITION

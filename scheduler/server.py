@@ -34,6 +34,7 @@ from truba.scheduler.call_metrics import CallCounter
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
 from truba.scheduler.dead_letters import DeadLetterReader
+from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
 from truba.scheduler.history import JobHistory
 from truba.scheduler.http_api import HttpServer, build_app
@@ -42,7 +43,8 @@ from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
-from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.store import JobStore
+from truba.scheduler.store_open import POSTGRESQL_SCHEMES, last_known, open_store
 from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
 
@@ -66,7 +68,12 @@ class SchedulerConfig:
 
     Attributes:
         brokers: AMQP URLs of the data-plane brokers, at least one; named b0, b1, ... in order.
-        state_dir: directory of the SQLite store (created if missing).
+        state_dir: directory of the SQLite store (created if missing; locked even when ``store``
+            names another database).
+        store: where jobs are kept: None for SQLite in ``state_dir``, or a ``postgresql://`` URL
+            (:mod:`truba.scheduler.store_postgres`).
+        store_timeout: seconds; bound on connecting to the ``store`` database and on each
+            statement (the scheduler's loop waits for it).
         listen: ``HOST:PORT`` to serve on; port 0 picks a free port (see :attr:`Scheduler.port`).
         heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
         broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
@@ -93,6 +100,8 @@ class SchedulerConfig:
     tls_cert: Path | None = None
     tls_key: Path | None = None
     http: str | None = None
+    store: str | None = None
+    store_timeout: float = 5.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", tuple(self.brokers))
@@ -111,6 +120,10 @@ class SchedulerConfig:
             raise ValueError(f"consumer_timeout: must be > 0, got {self.consumer_timeout}")
         if not self.keep_dead >= 0:
             raise ValueError(f"keep_dead: must be >= 0, got {self.keep_dead}")
+        if self.store is not None and not self.store.startswith(POSTGRESQL_SCHEMES):
+            raise ValueError(f"store: must be a postgresql:// URL, got {self.store.split(':', 1)[0]!r}")
+        if not self.store_timeout > 0:
+            raise ValueError(f"store_timeout: must be > 0, got {self.store_timeout}")
         for name, address in (("listen", self.listen), ("http", self.http)):
             if address is None:
                 continue
@@ -126,6 +139,8 @@ class Scheduler:
     Raises (from start):
         RuntimeError: the listen address cannot be bound, or another scheduler holds the state
             directory.
+        StoreUnavailable: the ``store`` database cannot be reached (or psycopg is missing).
+        StoreTooNew: the store was written by a newer truba.
     """
 
     def __init__(self, config: SchedulerConfig) -> None:
@@ -172,7 +187,7 @@ class Scheduler:
         stack = self._stack
         config.state_dir.mkdir(parents=True, exist_ok=True)
         stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
-        store = SqliteJobStore(config.state_dir / STORE_FILE)
+        store, where = open_store(config.store, config.state_dir / STORE_FILE, timeout=config.store_timeout)
         stack.callback(store.close)
         brokers = Brokers(config.brokers, connect=open_admin, timeout=config.broker_timeout)
         stack.push_async_callback(brokers.close)
@@ -184,7 +199,7 @@ class Scheduler:
         stack.callback(events.close)
         assigner = Assigner(
             self._registry,
-            store.list,
+            last_known(store.list),
             heartbeat_interval=config.heartbeat_interval,
             counters=counters,
             events=events,
@@ -251,6 +266,7 @@ class Scheduler:
                 "http": self.http_address,
                 "brokers": [redact(url) for url in config.brokers],
                 "state_dir": str(config.state_dir),
+                "store": where,
                 "jobs": len(runnable),
                 "stale_queues": len(janitor.pending()),
             },
@@ -281,17 +297,21 @@ class Scheduler:
         await self.stop()
 
 
-async def _flush_counters(counters: JobCounters, store: SqliteJobStore) -> None:
+async def _flush_counters(counters: JobCounters, store: JobStore) -> None:
     """Writes changed counters every :data:`COUNTERS_FLUSH` seconds (one transaction each time)."""
     while True:
         await asyncio.sleep(COUNTERS_FLUSH)
         _store_counters(counters, store)
 
 
-def _store_counters(counters: JobCounters, store: SqliteJobStore) -> None:
+def _store_counters(counters: JobCounters, store: JobStore) -> None:
     dirty = counters.dirty()
     if dirty:
-        store.save_counters(dirty)
+        try:
+            store.save_counters(dirty)
+        except StoreUnavailable as exc:  # still dirty: the next flush writes them
+            log.warning("sched.counters.store_failed", extra={"error": str(exc), "jobs": len(dirty)})
+            return
         counters.stored(dirty)
 
 

@@ -13,8 +13,11 @@ with ``keep_dead_until``), the janitor leaves that queue alone while the deletio
 runs, and deletes it once the time is past (:meth:`JobStore.dead_kept`,
 :meth:`JobStore.forget_dead`); being in the store, the deadline survives a restart.
 
-The store is synchronous: each call is one short SQLite transaction on the event loop's thread,
-so the scheduler's read-modify-write sequences need no locks.
+The store is synchronous: each call is one short transaction on the event loop's thread, so the
+scheduler's read-modify-write sequences need no locks. :class:`SqliteJobStore` (here) is the
+embedded default; :class:`~truba.scheduler.store_postgres.PostgresJobStore` keeps the same
+contract on a PostgreSQL server, with every call bounded by its timeouts. Both apply the
+numbered steps of :mod:`~truba.scheduler.store_schema` at start.
 """
 
 from __future__ import annotations
@@ -29,53 +32,22 @@ from pathlib import Path
 from typing import Any, Final, Protocol, final
 
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
+from truba.scheduler.store_schema import SCHEMA_VERSION as SCHEMA_VERSION
+from truba.scheduler.store_schema import VERSION_TABLE, pending
 
-SCHEMA_VERSION: Final = 3
-
-_SCHEMA: Final = """
-CREATE TABLE IF NOT EXISTS jobs (
-    id          TEXT PRIMARY KEY,
-    name        TEXT NOT NULL,
-    handler     TEXT NOT NULL,
-    importance  REAL NOT NULL,
-    state       TEXT NOT NULL,
-    submitted   INTEGER NOT NULL,
-    created_at  REAL NOT NULL,
-    closed_at   REAL,
-    finished_at REAL,
-    problem     TEXT NOT NULL,
-    settings    TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS jobs_by_state ON jobs (state, created_at);
-CREATE TABLE IF NOT EXISTS stale_queues (
-    job_id TEXT PRIMARY KEY,
-    since  REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS dead_queues (
-    job_id TEXT PRIMARY KEY,
-    until  REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS counters (
-    job_id TEXT PRIMARY KEY,
-    data   TEXT NOT NULL
-);
-"""
-
-_MIGRATIONS: Final = {
-    # version 1 -> 2: job settings, task counters
-    1: ("ALTER TABLE jobs ADD COLUMN settings TEXT NOT NULL DEFAULT '{}'",),
-    # version 2 -> 3: dead-letter queues kept after their job ended (the table is created below)
-    2: (),
-}
-
-_COLUMNS: Final = (
+JOB_COLUMNS: Final = (
     "id, name, handler, importance, state, submitted, created_at, closed_at, finished_at, problem, settings"
 )
-_RUNNABLE: Final = (JobState.OPEN.value, JobState.CLOSED.value)
+RUNNABLE_STATES: Final = (JobState.OPEN.value, JobState.CLOSED.value)
 
 
 class JobStore(Protocol):
-    """Durable jobs plus the stale-queue ledger. Jobs are listed oldest first."""
+    """Durable jobs plus the stale-queue ledger. Jobs are listed oldest first.
+
+    Any call may raise :class:`~truba.scheduler.errors.StoreUnavailable` when the database behind
+    the store fails or passes its timeout (PostgreSQL); the call had no effect unless the
+    connection broke during its commit.
+    """
 
     def reserve(self, job_id: str) -> None:
         """Records that queues of ``job_id`` may be declared from now on (a stale-ledger entry)."""
@@ -131,7 +103,7 @@ class SqliteJobStore:
     """A :class:`JobStore` in one SQLite file (WAL journal, fsync on commit).
 
     Raises:
-        RuntimeError: the file was written by a newer schema version.
+        StoreTooNew: the file was written by a newer truba.
     """
 
     def __init__(self, path: Path | str) -> None:
@@ -141,15 +113,7 @@ class SqliteJobStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA busy_timeout=5000")
-            (version,) = self._db.execute("PRAGMA user_version").fetchone()
-            if version > SCHEMA_VERSION:
-                raise RuntimeError(f"{self.path}: schema version {version} is newer than {SCHEMA_VERSION}")
-            with self._db:
-                for old in range(version or SCHEMA_VERSION, SCHEMA_VERSION):
-                    for statement in _MIGRATIONS[old]:
-                        self._db.execute(statement)
-                self._db.executescript(_SCHEMA)
-                self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            _migrate(self._db, str(self.path))
         except BaseException:
             self._db.close()
             raise
@@ -164,7 +128,9 @@ class SqliteJobStore:
     def insert(self, job: Job) -> None:
         try:
             with self._db:
-                self._db.execute(f"INSERT INTO jobs ({_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", _row(job))
+                self._db.execute(
+                    f"INSERT INTO jobs ({JOB_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?,?)", job_row(job)
+                )
                 self._db.execute("DELETE FROM stale_queues WHERE job_id = ?", (job.id,))
         except sqlite3.IntegrityError:
             raise KeyError(job.id) from None
@@ -174,7 +140,7 @@ class SqliteJobStore:
             cursor = self._db.execute(
                 "UPDATE jobs SET name=?, handler=?, importance=?, state=?, submitted=?, created_at=?,"
                 " closed_at=?, finished_at=?, problem=?, settings=? WHERE id=?",
-                (*_row(job)[1:], job.id),
+                (*job_row(job)[1:], job.id),
             )
             if cursor.rowcount != 1:
                 raise KeyError(job.id)
@@ -189,20 +155,23 @@ class SqliteJobStore:
                 )
 
     def get(self, job_id: str) -> Job | None:
-        row = self._db.execute(f"SELECT {_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
-        return None if row is None else _job(row)
+        row = self._db.execute(f"SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?", (job_id,)).fetchone()
+        return None if row is None else row_job(row)
 
     def list(self, *, include_done: bool = False) -> Sequence[Job]:
         if include_done:
-            rows = self._db.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY created_at, id")
+            rows = self._db.execute(f"SELECT {JOB_COLUMNS} FROM jobs ORDER BY created_at, id")
         else:
             rows = self._db.execute(
-                f"SELECT {_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY created_at, id", _RUNNABLE
+                f"SELECT {JOB_COLUMNS} FROM jobs WHERE state IN (?, ?) ORDER BY created_at, id",
+                RUNNABLE_STATES,
             )
-        return [_job(row) for row in rows]
+        return [row_job(row) for row in rows]
 
     def stale(self) -> Sequence[str]:
-        return [job_id for (job_id,) in self._db.execute("SELECT job_id FROM stale_queues ORDER BY since")]
+        return [
+            job_id for (job_id,) in self._db.execute("SELECT job_id FROM stale_queues ORDER BY since, job_id")
+        ]
 
     def forget_stale(self, job_id: str) -> None:
         with self._db:
@@ -239,7 +208,46 @@ class SqliteJobStore:
             self._db.close()
 
 
-def _row(job: Job) -> tuple[object, ...]:
+def _migrate(db: sqlite3.Connection, where: str) -> None:
+    """Applies the pending schema steps in one transaction (see :mod:`~truba.scheduler.store_schema`).
+
+    Files of trubas older than the ``schema_version`` table carry their version in ``PRAGMA
+    user_version`` only; it is adopted as the first row. ``user_version`` is kept in step, so
+    those older trubas still refuse a newer file.
+    """
+    db.execute("BEGIN IMMEDIATE")  # DDL joins it: the sqlite3 module only begins before DML
+    try:
+        db.execute(
+            f"CREATE TABLE IF NOT EXISTS {VERSION_TABLE}"
+            " (version INTEGER PRIMARY KEY, applied_at REAL NOT NULL, about TEXT NOT NULL)"
+        )
+        (recorded,) = db.execute(f"SELECT coalesce(max(version), 0) FROM {VERSION_TABLE}").fetchone()
+        (legacy,) = db.execute("PRAGMA user_version").fetchone()
+        current = max(recorded, legacy)
+        steps = pending(current, where)
+        if recorded == 0 and legacy:
+            for version in range(1, legacy + 1):
+                _record(db, version, "adopted from PRAGMA user_version")
+        for step in steps:
+            for statement in step.sqlite:
+                db.execute(statement)
+            _record(db, step.version, step.about)
+        db.execute(f"PRAGMA user_version={steps[-1].version if steps else current}")
+        db.commit()
+    except BaseException:
+        db.rollback()
+        raise
+
+
+def _record(db: sqlite3.Connection, version: int, about: str) -> None:
+    db.execute(
+        f"INSERT INTO {VERSION_TABLE} (version, applied_at, about) VALUES (?, ?, ?)",
+        (version, time.time(), about),
+    )
+
+
+def job_row(job: Job) -> tuple[object, ...]:
+    """``job`` as the values of :data:`JOB_COLUMNS`, in order."""
     return (
         job.id,
         job.name,
@@ -255,7 +263,8 @@ def _row(job: Job) -> tuple[object, ...]:
     )
 
 
-def _job(row: tuple[Any, ...]) -> Job:
+def row_job(row: Sequence[Any]) -> Job:
+    """The inverse of :func:`job_row`: a job from the values of :data:`JOB_COLUMNS`, in order."""
     job_id, name, handler, importance, state, submitted, created, closed, finished, problem, settings = row
     return Job(
         id=str(job_id),

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import sqlite3
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import psycopg
 import pytest
 
+from tests.postgres import LocalPostgres
 from tests.unit.scheduler.fakes import FakeCluster, ManualClock, make_fake_cluster
-from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.store import JobStore, SqliteJobStore
+from truba.scheduler.store_postgres import PostgresJobStore
 
 
 @pytest.fixture
@@ -26,3 +32,50 @@ def store(tmp_path: Path) -> Iterator[SqliteJobStore]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[LocalPostgres]:
+    """One PostgreSQL server for the session (each test takes a database of its own)."""
+    server = LocalPostgres()
+    try:
+        server.start()
+        yield server
+    finally:
+        server.close()
+
+
+@dataclass
+class StoreBackend:
+    """One store database: ``open()`` opens a store on it (again and again), ``sql()`` runs a
+    raw statement on it (committed) and returns the rows."""
+
+    name: str
+    open: Callable[[], JobStore]
+    sql: Callable[[str], list[tuple[Any, ...]]]
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> StoreBackend:
+    """The same database behind each store kind: the contract suite runs on both."""
+    if request.param == "sqlite":
+        path = tmp_path / "jobs.sqlite3"
+
+        def sqlite_sql(statement: str) -> list[tuple[Any, ...]]:
+            db = sqlite3.connect(path)
+            try:
+                with db:
+                    return db.execute(statement).fetchall()
+            finally:
+                db.close()
+
+        return StoreBackend("sqlite", lambda: SqliteJobStore(path), sqlite_sql)
+    server: LocalPostgres = request.getfixturevalue("postgres_server")
+    url = server.create_database()
+
+    def postgres_sql(statement: str) -> list[tuple[Any, ...]]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            cursor = conn.execute(statement.encode())
+            return cursor.fetchall() if cursor.description else []
+
+    return StoreBackend("postgresql", lambda: PostgresJobStore(url), postgres_sql)
