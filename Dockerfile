@@ -15,7 +15,9 @@ RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . ./examples
 
 FROM python:3.11-slim
 COPY --from=build /wheels /wheels
-RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels && useradd --system --create-home truba
+# The postgresql extra: `truba scheduler --store postgresql://...` works in the image too.
+RUN pip install --no-cache-dir /wheels/truba_examples-*.whl "$(ls /wheels/truba-*.whl)[postgresql]" \
+    && rm -rf /wheels && useradd --system --create-home truba
 USER truba
 WORKDIR /home/truba
 ENTRYPOINT ["truba"]
