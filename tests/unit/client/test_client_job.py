@@ -11,7 +11,16 @@ from pathlib import Path
 import pytest
 
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
-from truba.client import CallbackFailed, Client, FailedPrecondition, Job, NoJournal, Outcome, TaskFailed
+from truba.client import (
+    CallbackFailed,
+    Client,
+    InvalidArgument,
+    Job,
+    NoJournal,
+    NotFound,
+    Outcome,
+    TaskFailed,
+)
 from truba.client.encoded import EncodedTask
 from truba.client.journal import Journal
 from truba.pipes.errors import MessageTooLarge, PipeClosed
@@ -149,8 +158,37 @@ async def test_resume_needs_a_journal_and_a_live_job(scheduler: FakeScheduler, t
         job = await client.create_job("h:f")
         await job.detach()
         await scheduler.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
-        with pytest.raises(FailedPrecondition, match="has ended"):
+        with pytest.raises(NotFound, match="has ended"):
             await client.resume(job.id)
+        assert not (tmp_path / job.id).exists()  # a cancelled job's journal is not left behind
+
+
+async def test_resuming_an_unknown_or_finished_job_is_not_found_not_no_journal(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(NotFound):
+            await client.resume("nosuchjob")
+        job = await client.create_job("h:f")
+        await job.submit(1)
+        await job.close()
+        (daemon,) = daemons_for(scheduler, job)
+        await daemon.run()
+        await collect(job.results())
+        with pytest.raises(NotFound, match="FINISHED"):
+            await client.resume(job.id)
+
+
+@pytest.mark.parametrize("job_id", ["../../etc", "", "/abs", "a/b", "JOB1", "x" * 65])
+async def test_resume_refuses_a_malformed_job_id_before_touching_any_path(
+    scheduler: FakeScheduler, tmp_path: Path, job_id: str
+) -> None:
+    async with client_for(scheduler, journal=tmp_path / "journal") as client:
+        with pytest.raises(InvalidArgument, match="job_id"):
+            await client.resume(job_id)
+        with pytest.raises(InvalidArgument):
+            client.job(job_id)
+    assert "GetJob" not in scheduler.calls and not (tmp_path / "journal").exists()
 
 
 async def test_cancel_gives_a_cancelled_outcome_to_every_task_without_one(
