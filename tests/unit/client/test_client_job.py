@@ -303,3 +303,53 @@ async def test_close_detaches_jobs_still_going(scheduler: FakeScheduler, tmp_pat
         await job.submit(1)
     assert job.ended and (tmp_path / job.id).is_dir()
     assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_OPEN
+
+
+async def test_resume_after_every_broker_came_back_empty_sends_each_outstanding_task_once(
+    tmp_path: Path,
+) -> None:
+    # Given a job whose tasks every broker confirmed, detached (as if its client died),
+    scheduler = FakeScheduler([FakeBroker("fake://b0"), FakeBroker("fake://b1")])
+    first = client_for(scheduler, journal=tmp_path)
+    await first.connect()
+    job = await first.create_job("h:f", frames=False)
+    ids = [await job.submit(n) for n in range(32)]
+    await job._submission.settle_confirms()
+    await job.detach()  # (its links stay as they are: closing them would close the fakes)
+    # when both brokers come back without their data (truba up restarted with empty brokers)
+    for broker in scheduler.brokers:
+        broker.lose_data()
+    published = sum(broker.published for broker in scheduler.brokers)
+    async with client_for(scheduler, journal=tmp_path) as second:
+        resumed = await second.resume(job.id)
+        await resumed._submission.settle_confirms()
+        # then every task without an outcome is sent again exactly once (it was 2-3 times)
+        sent = sum(broker.published for broker in scheduler.brokers) - published
+        queued = [t for b in scheduler.brokers for t in task_ids(b.messages(f"truba.job.{job.id}.tasks"))]
+        assert sent == 32 and sorted(queued) == sorted(ids)
+        await resumed.detach()
+
+
+async def test_brokers_found_lost_in_the_same_round_send_each_task_again_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("truba.client.watch.CHECK_INTERVAL", 0.02)
+    scheduler = FakeScheduler([FakeBroker("fake://b0"), FakeBroker("fake://b1")])
+    async with client_for(scheduler) as client:
+        job = await client.create_job("h:f", frames=False)
+        ids = [await job.submit(n) for n in range(16)]
+        await job._submission.settle_confirms()
+        published = sum(broker.published for broker in scheduler.brokers)
+        for broker in scheduler.brokers:
+            broker.lose_data()
+
+
+        def sent() -> int:
+            return sum(broker.published for broker in scheduler.brokers) - published
+
+        async with asyncio.timeout(10):
+            while job._submission.watch.losses < 2 or sent() < len(ids):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # many more rounds of checks: nothing more is sent
+        assert sent() == len(ids)
+        await job.detach()
