@@ -215,10 +215,18 @@ class FakeDaemon:
         self._results = None
 
 
-def client_for(scheduler: FakeScheduler, journal: Path | Literal[False] = False) -> Client:
+def client_for(
+    scheduler: FakeScheduler, journal: Path | Literal[False] = False, *, unavailable_after: float = 60.0
+) -> Client:
     """A client of ``scheduler`` reaching its brokers (by URL) through the fakes themselves."""
     by_url = {broker.url: broker for broker in scheduler.brokers}
-    return Client("fake:0", scheduler=scheduler.stub, brokers=lambda url: by_url[url], journal=journal)
+    return Client(
+        "fake:0",
+        scheduler=scheduler.stub,
+        brokers=lambda url: by_url[url],
+        journal=journal,
+        unavailable_after=unavailable_after,
+    )
 
 
 def daemons_for(scheduler: FakeScheduler, job: Job, handler: Handler = echo) -> list[FakeDaemon]:
