@@ -23,7 +23,7 @@ from truba.client import (
 )
 from truba.client.encoded import EncodedTask
 from truba.client.journal import Journal
-from truba.pipes.errors import MessageTooLarge, PipeClosed
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 from truba.wire import TaskCodec, TaskMessage
@@ -353,3 +353,55 @@ async def test_brokers_found_lost_in_the_same_round_send_each_task_again_once(
         await asyncio.sleep(0.3)  # many more rounds of checks: nothing more is sent
         assert sent() == len(ids)
         await job.detach()
+
+
+async def test_a_refused_payload_refuses_that_task_only_and_the_job_stays_usable(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("h:f")
+    with pytest.raises(CodecError):
+        await job.submit(object())
+    with pytest.raises(MessageTooLarge):
+        await job.submit(b"x" * (17 * 1024 * 1024))
+    task = await job.submit(1)
+    await job.close()
+    (daemon,) = daemons_for(scheduler, job)
+    await daemon.run()
+    assert [(o.task_id, o.result()) for o in await collect(job.results())] == [(task, 1)]
+
+
+async def test_a_job_used_as_a_context_manager_is_cancelled_when_the_block_raises(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(ZeroDivisionError):
+            async with await client.create_job("h:f") as job:
+                await job.submit(1)
+                _ = 1 / 0
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CANCELLED  # no orphan holding slots
+    assert not (tmp_path / job.id).exists()  # nor its journal
+
+
+async def test_a_job_used_as_a_context_manager_is_closed_after_the_block(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    async with await client.create_job("h:f") as job:
+        await job.submit(1)
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CLOSED
+    (daemon,) = daemons_for(scheduler, job)
+    await daemon.run()
+    assert len(await collect(job.results())) == 1 and job.done
+
+
+async def test_a_job_used_as_a_context_manager_is_left_running_on_an_interrupt(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(KeyboardInterrupt):
+            async with await client.create_job("h:f") as job:
+                await job.submit(1)
+                raise KeyboardInterrupt
+        assert job.ended and scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_OPEN
+        resumed = await client.resume(job.id)  # it is the user's to resume or cancel
+        assert resumed.outstanding == 1
+        await resumed.cancel()
