@@ -43,6 +43,11 @@ class _LoopThread:
     def run(self, coro: Coroutine[object, object, R]) -> R:
         return run_on(self.loop, coro)
 
+    @property
+    def running(self) -> bool:
+        """The loop still takes calls (not stopped by the client's close)."""
+        return not self.loop.is_closed()
+
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=5)
@@ -112,7 +117,7 @@ class BlockingJob:
                     interrupted = True  # the stream was cancelled: it is over
                     raise
         finally:  # the caller stopped early: the outcome it did not take comes again
-            if not interrupted:
+            if not interrupted and self._runner.running:  # (after close: the job was detached)
                 self._runner.run(stream.aclose())
 
     def _run(self, coro: Coroutine[object, object, R]) -> R:
@@ -122,7 +127,7 @@ class BlockingJob:
         except (KeyboardInterrupt, SystemExit):
             if not self._job.ended:
                 self._runner.run(self._job.detach(DETACH_SECONDS))
-                left_running(self._job.id)
+                left_running(self._job.id, resumable=self._job.journal_path is not None)
             raise
 
     def __enter__(self) -> BlockingJob:
@@ -197,8 +202,9 @@ class BlockingJobHandle:
                 except StopAsyncIteration:
                     return
         finally:
-            with contextlib.suppress(RuntimeError):  # still running after an interrupt
-                self._runner.run(stream.aclose())
+            if self._runner.running:
+                with contextlib.suppress(RuntimeError):  # still running after an interrupt
+                    self._runner.run(stream.aclose())
 
     def set_importance(self, importance: float) -> jobs_pb2.Job:
         """Changes the job's weight in the fair share."""

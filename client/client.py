@@ -31,6 +31,7 @@ from truba.channel import Credentials, open_channel
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import NoJournal, NotFound
 from truba.client.framing import FrameSizer
+from truba.client.interrupt import left_running
 from truba.client.job import Job
 from truba.client.job_handle import JobHandle, check_job_id, drop_journal
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
@@ -303,11 +304,13 @@ class Client:
         return link
 
     async def close(self) -> None:
-        """Detaches jobs still going (see :meth:`Job.detach`: :meth:`resume` picks them up),
-        closes broker connections and the scheduler channel; idempotent."""
+        """Detaches jobs still going (see :meth:`Job.detach`: :meth:`resume` picks them up; one
+        line says so per job), closes broker connections and the scheduler channel; idempotent."""
         jobs = [job for job in self._jobs if not job.ended]
         self._jobs.clear()
         await asyncio.gather(*(job.detach() for job in jobs), return_exceptions=True)
+        for job in jobs:
+            left_running(job.id, resumable=job.journal_path is not None)
         await asyncio.gather(*(link.close() for link in self._links.values()), return_exceptions=True)
         self._links.clear()
         if self._channel is not None:

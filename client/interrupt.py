@@ -51,12 +51,11 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[object, object, R]) 
         raise
 
 
-def left_running(job_id: str) -> None:
-    """Tells the user, on one line, that an interrupted job goes on and how to pick it up."""
-    notice(
-        log,
-        "client.job.left_running",
-        f"job {job_id} keeps running; resume it with client.resume('{job_id}') "
-        f"or cancel it with client.job('{job_id}').cancel()",
-        job_id=job_id,
-    )
+def left_running(job_id: str, *, resumable: bool = True) -> None:
+    """Tells the user, on one line, that a job left behind goes on and how to pick it up."""
+    cancel = f"cancel it with client.job('{job_id}').cancel()"
+    if resumable:
+        text = f"job {job_id} keeps running; resume it with client.resume('{job_id}') or {cancel}"
+    else:  # journal=False: nobody can take its outcomes any more
+        text = f"job {job_id} keeps running, with no journal to resume it from; {cancel}"
+    notice(log, "client.job.left_running", text, job_id=job_id)

@@ -126,7 +126,7 @@ class Job:
             await self.cancel_quietly(exc)
         else:
             await self.detach(DETACH_SECONDS)
-            left_running(self.id)
+            left_running(self.id, resumable=self.journal_path is not None)
 
     async def cancel_quietly(self, cause: BaseException | None) -> None:
         """Cancels the job because of ``cause`` (raised on to the caller); a cancel that fails
@@ -136,7 +136,7 @@ class Job:
         except Exception as exc:
             log.warning("client.job.cancel_failed", extra={"job_id": self.id, "error": repr(exc)})
             await self.detach(DETACH_SECONDS)
-            left_running(self.id)
+            left_running(self.id, resumable=self.journal_path is not None)
             return
         log.info("client.job.cancelled_on_error", extra={"job_id": self.id, "error": repr(cause)})
 

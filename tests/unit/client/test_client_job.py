@@ -343,7 +343,6 @@ async def test_brokers_found_lost_in_the_same_round_send_each_task_again_once(
         for broker in scheduler.brokers:
             broker.lose_data()
 
-
         def sent() -> int:
             return sum(broker.published for broker in scheduler.brokers) - published
 

@@ -53,7 +53,9 @@ async def test_a_job_by_an_unknown_id_is_not_found_and_a_malformed_one_invalid(
             client.job("../x")
 
 
-async def test_cancelling_by_id_removes_a_journal_nobody_holds(scheduler: FakeScheduler, tmp_path: Path) -> None:
+async def test_cancelling_by_id_removes_a_journal_nobody_holds(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
     async with client_for(scheduler, journal=tmp_path) as client:
         job = await client.create_job("h:f")
         await job.submit(1)

@@ -94,7 +94,9 @@ async def test_an_outage_that_ends_in_time_is_told_once_and_the_job_goes_on(
         async with asyncio.timeout(10):
             outcomes = await drain(job.results())
     assert [o.result() for o in outcomes] == [1]
-    assert events(caplog, "client.brokers.unreachable") == 1 and events(caplog, "client.brokers.reachable") == 1
+    assert (
+        events(caplog, "client.brokers.unreachable") == 1 and events(caplog, "client.brokers.reachable") == 1
+    )
 
 
 async def test_a_client_whose_scheduler_is_unreachable_gets_unavailable_within_its_bound(
