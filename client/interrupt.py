@@ -13,8 +13,10 @@ The job is the user's to cancel: an interrupt never cancels it.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import threading
+import time
 from collections.abc import Coroutine
 from typing import Final, TypeVar
 
@@ -41,13 +43,20 @@ def run_on(loop: asyncio.AbstractEventLoop, coro: Coroutine[object, object, R]) 
         finally:
             unwound.set()
 
-    future = asyncio.run_coroutine_threadsafe(tracked(), loop)
+    outer = tracked()
+    future = asyncio.run_coroutine_threadsafe(outer, loop)
     try:
         return future.result()
     except (KeyboardInterrupt, SystemExit):
         future.cancel()
-        if not unwound.wait(UNWIND_SECONDS):
-            log.warning("client.interrupt.slow_unwind", extra={"seconds": UNWIND_SECONDS})
+        deadline = time.monotonic() + UNWIND_SECONDS
+        while not unwound.wait(0.01):
+            if inspect.getcoroutinestate(outer) == inspect.CORO_CLOSED:  # cancelled before it began
+                coro.close()
+                break
+            if time.monotonic() > deadline:
+                log.warning("client.interrupt.slow_unwind", extra={"seconds": UNWIND_SECONDS})
+                break
         raise
 
 
