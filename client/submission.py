@@ -75,6 +75,8 @@ class Submission:
     ) -> None:
         self._job_id = job_id
         self._reach = reach
+        self._submitting = f"submit to job {job_id}"
+        """What a submit is, in an Unavailable's message (made once: submit is the hot path)."""
         self._tasks = tasks
         self._journal = journal
         self._status = status
@@ -126,7 +128,7 @@ class Submission:
         self._next += 1
         await self._journal.record(task_id, task.data)
         try:
-            async with self._reach.bounded(f"submit to job {self._job_id}"):
+            async with self._reach.bounded(self._submitting):
                 if timeout is None:  # the common case: no timer to arm
                     confirmation = await self._tasks.send(task)
                 else:
