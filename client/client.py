@@ -211,9 +211,9 @@ class Client:
         Raises:
             InvalidArgument: ``job_id`` is not a job id. (An unknown id: NotFound, at the first call.)
         """
-        return JobHandle(
-            self.jobs, job_id, reach=self._reach, journal=self._journal_root and self._journal_root / job_id
-        )
+        check_job_id(job_id)
+        journal = None if self._journal_root is None else self._journal_root / job_id
+        return JobHandle(self.jobs, job_id, reach=self._reach, journal=journal)
 
     async def _open(self, info: jobs_pb2.Job, brokers: Sequence[common_pb2.Broker], *, resumed: bool) -> Job:
         """The client's side of a job: its journal, task stacks and result listener."""

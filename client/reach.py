@@ -161,10 +161,11 @@ class Reach:
 
     def broker_down(self, url: str, error: BaseException, *, since: float | None = None) -> None:
         """A check (begun at ``since``) could not reach the broker at ``url``."""
-        self._down.setdefault(url, self.clock() if since is None else since)
+        began = self.clock() if since is None else since
+        self._down.setdefault(url, began)
         self._up.discard(url)
         if self._outage is None and not self._up:
-            self._outage = min(self._down.values())
+            self._outage = began  # the last broker up went down: the outage begins
             notice(
                 log,
                 "client.brokers.unreachable",
@@ -172,14 +173,10 @@ class Reach:
                 f"(waits that need one give up after {self.patience:g} s)",
                 brokers=len(self._down),
             )
-            deadline = self._loop_deadline()
-            for guard in self._guards:
-                guard.reschedule(deadline)
-
-    def forget_broker(self, url: str) -> None:
-        """No job uses the broker at ``url`` any more (it does not count either way)."""
-        self._down.pop(url, None)
-        self._up.discard(url)
+            if self._guards:
+                deadline = self._loop_deadline()
+                for guard in self._guards:
+                    guard.reschedule(deadline)
 
     @property
     def brokers_out(self) -> bool:

@@ -11,6 +11,7 @@ import pytest
 
 from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
 from truba.client import Outcome, Unavailable
+from truba.client.reach import Reach
 from truba.pipes.fake_broker import FakeBroker
 
 BOUND = 0.3
@@ -122,3 +123,17 @@ async def test_a_scheduler_back_within_the_bound_answers_the_waiting_call() -> N
         scheduler.fail("CreateJob", times=2)
         job = await client.create_job("h:f")
         assert scheduler.calls.count("CreateJob") == 3 and job.id == "job1"
+
+
+def test_an_outage_begins_when_the_last_broker_up_goes_down_not_at_an_old_failure() -> None:
+    now = [0.0]
+    reach = Reach(10.0, clock=lambda: now[0])
+    reach.broker_down("amqp://old", ConnectionError("gone"))  # a broker of an earlier run, at 0
+    reach.broker_up("amqp://new")
+    now[0] = 100.0
+    reach.broker_down("amqp://new", ConnectionError("stopped"))
+    assert not reach.brokers_out  # out since 100, not since 0
+    now[0] = 111.0
+    assert reach.brokers_out
+    with pytest.raises(Unavailable, match="no broker"):
+        reach.check_brokers("results")
