@@ -19,9 +19,10 @@ never per try.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from types import TracebackType
 from typing import Final, TypeVar, final
 
@@ -69,6 +70,8 @@ class Reach:
         self._outage: float | None = None
         """Since when every broker is down (None: at least one is up, or none was checked)."""
         self._guards: set[asyncio.Timeout] = set()
+        self._watchers: collections.Counter[str] = collections.Counter()
+        """Loss watches checking each broker."""
 
     # -- the scheduler ---------------------------------------------------------------------------
 
@@ -148,6 +151,18 @@ class Reach:
             )
 
     # -- the brokers -----------------------------------------------------------------------------
+
+    def watch(self, urls: Iterable[str]) -> None:
+        """A job's loss watch checks these brokers from now on (see :meth:`unwatch`)."""
+        self._watchers.update(urls)
+
+    def unwatch(self, urls: Iterable[str]) -> None:
+        """A loss watch stopped: a broker no watch checks any more counts neither up nor down."""
+        self._watchers.subtract(urls)
+        for url in [url for url, count in self._watchers.items() if count <= 0]:
+            del self._watchers[url]
+            self._down.pop(url, None)
+            self._up.discard(url)
 
     def broker_up(self, url: str) -> None:
         """A check reached the broker at ``url``."""

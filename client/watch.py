@@ -63,12 +63,17 @@ class LossWatch:
         self._reach = reach
         self._interval = CHECK_INTERVAL if interval is None else interval
         self._task: asyncio.Task[None] | None = None
+        self._watching = False
+        """Counted among the reach's watchers of these brokers."""
         self.losses = 0
         """Broker losses seen."""
 
     async def start(self) -> list[Broker]:
         """Checks every broker once (bounded), then keeps checking in the background; returns
         the brokers found lost by the first check (``on_lost`` is not called for them)."""
+        if self._reach is not None and not self._watching:
+            self._reach.watch(self._marked)
+            self._watching = True
         lost = await self._round()
         self._task = asyncio.create_task(self._run(), name=f"loss-watch-{self._job_id}")
         return lost
@@ -79,6 +84,9 @@ class LossWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._reach is not None and self._watching:
+            self._reach.unwatch(self._marked)
+            self._watching = False
 
     async def _run(self) -> None:
         while True:

@@ -137,3 +137,15 @@ def test_an_outage_begins_when_the_last_broker_up_goes_down_not_at_an_old_failur
     assert reach.brokers_out
     with pytest.raises(Unavailable, match="no broker"):
         reach.check_brokers("results")
+
+
+def test_a_broker_no_watch_checks_any_more_does_not_keep_an_outage_from_being_seen() -> None:
+    now = [0.0]
+    reach = Reach(10.0, clock=lambda: now[0])
+    reach.watch(["amqp://old"])
+    reach.broker_up("amqp://old")  # a finished job's broker, up when its watch stopped
+    reach.unwatch(["amqp://old"])
+    reach.watch(["amqp://new"])
+    reach.broker_down("amqp://new", ConnectionError("stopped"))
+    now[0] = 11.0
+    assert reach.brokers_out
