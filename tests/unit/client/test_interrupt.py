@@ -65,3 +65,22 @@ def test_ctrl_c_in_a_blocking_results_loop_leaves_the_job_running_and_resumable(
         runner.run(client.close())
     finally:
         runner.stop()
+
+
+def test_a_blocking_job_used_as_a_context_manager_is_cancelled_when_the_block_raises(tmp_path: Path) -> None:
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    runner = _LoopThread()
+    try:
+        client = client_for(scheduler, journal=tmp_path)
+        runner.run(client.connect())
+        with (
+            pytest.raises(ZeroDivisionError),
+            BlockingJob(runner.run(client.create_job("h:f")), runner) as job,
+        ):
+            job.submit(1)
+            _ = 1 / 0
+        assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CANCELLED
+        assert not (tmp_path / job.id).exists()
+        runner.run(client.close())
+    finally:
+        runner.stop()
