@@ -29,7 +29,7 @@ import grpc.aio
 
 from truba.channel import Credentials, open_channel
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
-from truba.client.errors import NoJournal, NotFound
+from truba.client.errors import NoJournal, NotFound, map_rpc_errors
 from truba.client.framing import FrameSizer
 from truba.client.interrupt import left_running
 from truba.client.job import Job
@@ -37,7 +37,7 @@ from truba.client.job_handle import JobHandle, check_job_id, drop_journal
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
 from truba.client.notices import quiet_by_default
 from truba.client.options import JobOptions, settings_pb
-from truba.client.reach import UNAVAILABLE_AFTER, Reach
+from truba.client.reach import ONCE_TIMEOUT, UNAVAILABLE_AFTER, Reach
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker, BrokerFactory
@@ -277,10 +277,15 @@ class Client:
         return await self._reach.call("GetJob", lambda t: stub.GetJob(request, timeout=t))
 
     async def list_jobs(self, include_done: bool = False) -> list[jobs_pb2.Job]:
-        """The scheduler's jobs, ended ones too with ``include_done``."""
+        """The scheduler's jobs, ended ones too with ``include_done``; asked once (a listing is
+        not worth waiting for a restarting scheduler), at most 5 s.
+
+        Raises:
+            Unavailable: the scheduler did not answer.
+        """
         request = jobs_pb2.ListJobsRequest(include_done=include_done)
-        stub = self.jobs
-        response = await self._reach.call("ListJobs", lambda t: stub.ListJobs(request, timeout=t))
+        with map_rpc_errors():
+            response = await self.jobs.ListJobs(request, timeout=min(ONCE_TIMEOUT, self._reach.patience))
         return list(response.jobs)
 
     async def cluster_info(self) -> jobs_pb2.ClusterInfo:

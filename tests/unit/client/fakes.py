@@ -108,6 +108,11 @@ class FakeScheduler:
         self._enter("GetJob")
         return self._job(request.job_id)
 
+    async def ListJobs(self, request: jobs_pb2.ListJobsRequest, **_: object) -> jobs_pb2.ListJobsResponse:
+        self._enter("ListJobs")
+        jobs = [job for job in self.jobs.values() if request.include_done or job.state not in ENDED]
+        return jobs_pb2.ListJobsResponse(jobs=jobs)
+
     async def GetClusterInfo(
         self, request: jobs_pb2.GetClusterInfoRequest, **_: object
     ) -> jobs_pb2.ClusterInfo:

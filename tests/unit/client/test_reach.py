@@ -149,3 +149,12 @@ def test_a_broker_no_watch_checks_any_more_does_not_keep_an_outage_from_being_se
     reach.broker_down("amqp://new", ConnectionError("stopped"))
     now[0] = 11.0
     assert reach.brokers_out
+
+
+async def test_a_listing_asks_an_unreachable_scheduler_once() -> None:
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=30.0) as client:
+        scheduler.fail("ListJobs", times=5)
+        with pytest.raises(Unavailable):
+            await client.list_jobs()
+    assert scheduler.calls.count("ListJobs") == 1
