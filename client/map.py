@@ -5,7 +5,8 @@ payloads there are; payloads are read lazily, by a producer task beside the outc
 submit that fails (a payload that cannot be encoded or is too large, or the payloads' iterable
 raising) stops the map with its error at once and cancels the job the map was driving, so that
 it does not stay open, holding slots, half submitted. A map stopped by its consumer (a ``break``,
-Ctrl-C) or by an unreachable cluster (Unavailable) leaves the job running and resumable.
+Ctrl-C) or by an unreachable cluster (Unavailable) leaves the job running and resumable; a map
+on a job closed before raises PipeClosed and leaves the job as it was.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from tqdm import tqdm
 
 from truba.client.errors import Unavailable
 from truba.client.outcome import Outcome
+from truba.pipes.errors import PipeClosed
 
 MAP_WINDOW: Final = 1000
 """Tasks :func:`map_outcomes` keeps submitted and not yet yielded, by default."""
@@ -96,7 +98,8 @@ async def map_outcomes(
         await producer  # raises what a submit raised
     except Exception as exc:
         if producer.done() and not producer.cancelled() and producer.exception() is exc:
-            if not isinstance(exc, Unavailable):
+            # Not for a cluster out of reach (resume later) or a job closed before (not ours).
+            if not isinstance(exc, Unavailable | PipeClosed):
                 await job.cancel_quietly(exc)
         raise
     finally:

@@ -11,7 +11,7 @@ import pytest
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
 from truba.client import Client
 from truba.client.blocking import BlockingJob, _LoopThread
-from truba.pipes.errors import CodecError, MessageTooLarge
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 from truba.wire import TaskMessage
@@ -121,3 +121,14 @@ def test_the_blocking_job_maps_too(scheduler: FakeScheduler) -> None:
         runner.run(stop())
     finally:
         runner.stop()
+
+
+async def test_a_map_on_a_job_closed_before_raises_and_leaves_the_job_as_it_was(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("h:f")
+    await job.submit(1)
+    await job.close()
+    with pytest.raises(PipeClosed):
+        await anext(job.map([2], progress=False))
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CLOSED and not job.ended
