@@ -10,12 +10,13 @@ Unavailable.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final, final
 
-from truba.client.errors import map_rpc_errors
+from truba.client.errors import Unavailable, map_rpc_errors
 from truba.client.reach import Reach
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -88,11 +89,25 @@ class JobCalls:
         return self.info
 
     async def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
-        """WatchJob: the job now, then on every change until it ends."""
+        """WatchJob: the job now, then on every change until it ends. The first event (the job
+        now) comes within the client's patience, or Unavailable; later ones come when it changes."""
         call = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=self.job_id))
+        events = aiter(call)
         try:
             with map_rpc_errors():
-                async for event in call:
+                try:
+                    async with asyncio.timeout(self._reach.patience):
+                        first = await anext(events)
+                except TimeoutError:
+                    raise Unavailable(
+                        "DEADLINE_EXCEEDED",
+                        f"WatchJob: no answer within {self._reach.patience:g} s",
+                    ) from None
+                except StopAsyncIteration:
+                    return
+                self.info = first.job
+                yield first
+                async for event in events:
                     self.info = event.job
                     yield event
         finally:

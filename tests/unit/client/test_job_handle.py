@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.client.fakes import FakeScheduler, client_for
-from truba.client import FailedPrecondition, InvalidArgument, NotFound
+from truba.client import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from truba.client.blocking import BlockingClient
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
@@ -79,3 +79,17 @@ def test_the_blocking_client_has_jobs_by_id_too(scheduler: FakeScheduler, tmp_pa
         with pytest.raises(NotFound):
             client.job("nosuchjob").info()
     assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CANCELLED
+
+
+async def test_watching_a_job_by_id_gives_it_now_and_a_silent_scheduler_is_unavailable(
+    scheduler: FakeScheduler,
+) -> None:
+    async with client_for(scheduler, unavailable_after=0.2) as client:
+        job = await client.create_job("h:f", name="watched")
+        events = client.job(job.id).watch()
+        assert (await anext(events)).job.name == "watched"
+        await events.aclose()
+        scheduler.watch_hangs = True
+        async with asyncio.timeout(10):
+            with pytest.raises(Unavailable):
+                await anext(client.job(job.id).watch())
