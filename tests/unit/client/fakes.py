@@ -5,9 +5,9 @@ makes) and a daemon that answers a job's tasks on a :class:`FakeBroker`.
 client makes (CreateJob, GetJob, ListJobs, WatchJob, GetClusterInfo, ReportProgress, CloseJob,
 FinishJob, CancelJob, SetImportance); finishing or cancelling a job deletes its queues on the
 brokers, as the real scheduler does. It is scriptable: :meth:`FakeScheduler.fail` makes a method
-answer with a gRPC error the next ``times`` calls. ``FakeDaemon`` reads task messages off the job's task queue
-(unpacking frames), and publishes one result per task to the result queue, msgpack-encoded with
-:class:`~truba.wire.ResultCodec`, as a daemon would.
+answer with a gRPC error the next ``times`` calls. ``FakeDaemon`` reads task messages off the
+job's task queue (unpacking frames), and publishes one result per task to the result queue,
+msgpack-encoded with :class:`~truba.wire.ResultCodec`, as a daemon would.
 """
 
 from __future__ import annotations
