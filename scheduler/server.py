@@ -43,6 +43,7 @@ from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEA
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
+from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
 
@@ -211,10 +212,14 @@ class Scheduler:
                 *([TokenAuth(config.token)] if config.token else []),
             ],
         )
+        timeline = TaskTimeline()
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store)), server
+            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store), timeline),
+            server,
         )
-        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
+        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(
+            DaemonServicer(assigner, brokers.infos, timeline=timeline), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if config.tls_cert is not None and config.tls_key is not None:
             tls = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
@@ -229,7 +234,8 @@ class Scheduler:
         if config.http is not None:
             history = JobHistory(view)
             _background(history.run(), stack, name="job-history")
-            http = HttpServer(build_app(view, self.metrics, history, token=config.token), config.http)
+            app = build_app(view, self.metrics, history, token=config.token, timeline=timeline)
+            http = HttpServer(app, config.http)
             await http.start()
             stack.push_async_callback(http.close)
             self._http = http
