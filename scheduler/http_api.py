@@ -11,9 +11,10 @@ exposed port does is tell what runs):
   field names as in the ``.proto`` files);
 - ``GET /api/v1/history`` (every job) and ``GET /api/v1/jobs/{id}/history``: each job's numbers
   over its last minutes (:mod:`truba.scheduler.history`);
-- ``GET /api/v1/jobs/{id}/timeline`` (``?since=UNIX_TIME``): the job's task attempts per daemon
-  and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "spans": [{"daemon_id",
-  "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``, outcomes as words;
+- ``GET /api/v1/jobs/{id}/timeline`` (``?since=UNIX_TIME&limit=N``): the job's task attempts per
+  daemon and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "left_out",
+  "spans": [{"daemon_id", "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``,
+  outcomes as words;
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -110,11 +111,12 @@ def build_app(
         try:
             found = view.job(request.match_info["job_id"])
             since = float(request.query.get("since", "0") or 0)
+            limit = max(0, int(request.query.get("limit", "0") or 0))
         except SchedulerError as exc:
             return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
         except ValueError:
-            return web.json_response({"error": "since: must be a Unix time in seconds"}, status=400)
-        return web.json_response(spans.timeline_json(found.id, since))
+            return web.json_response({"error": "since, limit: must be numbers"}, status=400)
+        return web.json_response(spans.timeline_json(found.id, since, limit))
 
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")

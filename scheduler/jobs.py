@@ -233,4 +233,4 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         context: grpc.aio.ServicerContext[jobs_pb2.GetTimelineRequest, jobs_pb2.Timeline],
     ) -> jobs_pb2.Timeline:
         job = self._jobs.get(request.job_id)  # NotFound for an unknown job
-        return self._timeline.timeline_pb(job.id, request.since)
+        return self._timeline.timeline_pb(job.id, request.since, request.limit)

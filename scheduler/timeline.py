@@ -24,6 +24,10 @@ JOBS: Final = 32
 """Jobs whose spans are kept at once."""
 KEEP: Final = 3600.0
 """Seconds a job's spans are kept after its last one arrived (so after the job ended)."""
+ANSWER_BYTES: Final = 3 * 1024 * 1024
+"""An answer's spans stay under this, encoded (gRPC's default limit per message is 4 MiB)."""
+_SPAN_BYTES: Final = 40
+"""A span's encoded size besides its strings, at most (a little over, to be safe)."""
 OUTCOMES: Final[dict[int, str]] = {
     int(value): name.removeprefix("SPAN_OUTCOME_").lower() for name, value in daemons_pb2.SpanOutcome.items()
 }
@@ -90,9 +94,13 @@ class TaskTimeline:
         """Keeps one heartbeat's spans; ``dropped`` ones the daemon left out go to every job the
         heartbeat names (the daemon does not know whose they were)."""
         now = self.clock()
-        touched: set[str] = set()
+        touched: dict[str, _JobSpans] = {}
         for span in spans:
-            job = self._job(span.job_id, now)
+            job = touched.get(span.job_id)
+            if job is None:
+                old = self._jobs.pop(span.job_id, None)  # reinserted below: the newest come last
+                job = old if old is not None else _JobSpans(deque(maxlen=self.per_job), now)
+                touched[span.job_id] = job
             if len(job.spans) == job.spans.maxlen:
                 job.dropped += 1
             job.spans.append(
@@ -107,20 +115,11 @@ class TaskTimeline:
                     span.error,
                 )
             )
-            touched.add(span.job_id)
-        for job_id in touched:
-            self._jobs[job_id].dropped += dropped
-        self._forget(now)
-
-    def _job(self, job_id: str, now: float) -> _JobSpans:
-        job = self._jobs.get(job_id)
-        if job is None:
-            job = self._jobs[job_id] = _JobSpans(deque(maxlen=self.per_job), now)
-        else:  # the most recently reported job comes last (dicts keep insertion order)
-            del self._jobs[job_id]
-            self._jobs[job_id] = job
+        for job_id, job in touched.items():  # the most recently reported jobs come last
             job.seen = now
-        return job
+            job.dropped += dropped
+            self._jobs[job_id] = job
+        self._forget(now)
 
     def _forget(self, now: float) -> None:
         for job_id in [j for j, job in self._jobs.items() if now - job.seen > self.keep]:
@@ -136,10 +135,36 @@ class TaskTimeline:
         spans = sorted((e for e in job.spans if e.end > since), key=lambda e: e.end)
         return spans, job.dropped
 
-    def timeline_pb(self, job_id: str, since: float = 0.0) -> jobs_pb2.Timeline:
+    def timeline_pb(self, job_id: str, since: float = 0.0, limit: int = 0) -> jobs_pb2.Timeline:
+        """The newest spans after ``since``: at most ``limit`` (0: any number) and
+        :data:`ANSWER_BYTES` encoded; ``left_out`` counts the older ones that did not fit."""
         spans, dropped = self.of(job_id, since)
-        return jobs_pb2.Timeline(job_id=job_id, spans=[e.to_pb() for e in spans], dropped=dropped)
+        kept = _newest(spans, limit)
+        return jobs_pb2.Timeline(
+            job_id=job_id, spans=[e.to_pb() for e in kept], dropped=dropped, left_out=len(spans) - len(kept)
+        )
 
-    def timeline_json(self, job_id: str, since: float = 0.0) -> dict[str, object]:
+    def timeline_json(self, job_id: str, since: float = 0.0, limit: int = 0) -> dict[str, object]:
+        """The same as :meth:`timeline_pb`, as the HTTP API's JSON."""
         spans, dropped = self.of(job_id, since)
-        return {"job_id": job_id, "spans": [e.to_json() for e in spans], "dropped": dropped}
+        kept = _newest(spans, limit)
+        return {
+            "job_id": job_id,
+            "spans": [e.to_json() for e in kept],
+            "dropped": dropped,
+            "left_out": len(spans) - len(kept),
+        }
+
+
+def _newest(spans: list[Entry], limit: int) -> list[Entry]:
+    """The newest of ``spans`` (oldest end first) within ``limit`` and :data:`ANSWER_BYTES`."""
+    if limit:
+        spans = spans[-limit:]
+    budget, first = ANSWER_BYTES, len(spans)
+    while first > 0:
+        entry = spans[first - 1]
+        budget -= _SPAN_BYTES + len(entry.task_id) + len(entry.daemon_id) + len(entry.error)
+        if budget < 0:
+            break
+        first -= 1
+    return spans[first:]

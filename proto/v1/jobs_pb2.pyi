@@ -713,18 +713,22 @@ class GetTimelineRequest(_message.Message):
 
     JOB_ID_FIELD_NUMBER: _builtins.int
     SINCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     since: _builtins.float
     """Only spans that ended after this Unix time (0: all kept)."""
+    limit: _builtins.int
+    """At most this many, the newest (0: as many as fit in the answer's 3 MiB)."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         since: _builtins.float = ...,
+        limit: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "since", b"since"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "limit", b"limit", "since", b"since"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -762,11 +766,14 @@ class Timeline(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     SPANS_FIELD_NUMBER: _builtins.int
     DROPPED_FIELD_NUMBER: _builtins.int
+    LEFT_OUT_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     dropped: _builtins.int
     """Spans the scheduler no longer holds (over its per-job bound) or never got (over a
     daemon's per-heartbeat bound).
     """
+    left_out: _builtins.int
+    """Older spans kept but not in this answer (over the limit asked for, or the answer's 3 MiB)."""
     @_builtins.property
     def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimelineSpan]:
         """Oldest end first."""
@@ -777,10 +784,11 @@ class Timeline(_message.Message):
         job_id: _builtins.str = ...,
         spans: _abc.Iterable[Global___TimelineSpan] | None = ...,
         dropped: _builtins.int = ...,
+        left_out: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "job_id", b"job_id", "spans", b"spans"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "job_id", b"job_id", "left_out", b"left_out", "spans", b"spans"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

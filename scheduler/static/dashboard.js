@@ -210,7 +210,8 @@ let timeline = { job: null, spans: new Map(), newest: 0, dropped: 0 };
 async function refreshTimeline(jobId) {
   if (timeline.job !== jobId) timeline = { job: jobId, spans: new Map(), newest: 0, dropped: 0 };
   const since = timeline.newest ? timeline.newest - TIMELINE_MARGIN : 0;
-  const data = await api(`api/v1/jobs/${jobId}/timeline?since=${since}`);
+  const first = !timeline.newest;
+  const data = await api(`api/v1/jobs/${jobId}/timeline?since=${since}&limit=${TIMELINE_KEEP}`);
   for (const span of data.spans) {
     timeline.spans.set(`${span.daemon_id}/${span.slot}/${span.task_id}/${span.start}/${span.outcome}`, span);
     timeline.newest = Math.max(timeline.newest, span.end);
@@ -220,7 +221,9 @@ async function refreshTimeline(jobId) {
     timeline.spans = new Map(newest);
   }
   const spans = [...timeline.spans.values()];
-  const note = data.dropped ? `· ${fmt(num(data.dropped))} older or unreported attempts not shown` : "";
+  if (first) timeline.leftOut = num(data.left_out);
+  const missing = num(data.dropped) + num(timeline.leftOut);
+  const note = missing ? `· ${fmt(missing)} older or unreported attempts not shown` : "";
   document.getElementById("timeline-note").textContent = `· ${fmt(spans.length)} shown ${note}`;
   drawTimeline(document.getElementById("job-timeline"), spans, { follow: true });
 }

@@ -55,11 +55,16 @@ def timeline(args: argparse.Namespace) -> int:
             for job_id in args.job_ids
         ]
     spans = sorted((span for answer in answers for span in spans_of(answer)), key=lambda s: s.end)
-    dropped = sum(answer.dropped for answer in answers)
+    dropped = sum(answer.dropped + answer.left_out for answer in answers)
     if args.json:
         print_json(
             [
-                {"job_id": a.job_id, "dropped": a.dropped, "spans": [s.to_json() for s in spans_of(a)]}
+                {
+                    "job_id": a.job_id,
+                    "dropped": a.dropped,
+                    "left_out": a.left_out,
+                    "spans": [s.to_json() for s in spans_of(a)],
+                }
                 for a in answers
             ]
         )

@@ -40,6 +40,21 @@ def test_a_job_keeps_its_newest_spans_and_counts_what_it_lost() -> None:
     assert spans[0].daemon_id == "d1" and spans[0].start == 11.0
 
 
+def test_an_answer_holds_the_newest_spans_within_its_limit_and_byte_budget(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    timeline = TaskTimeline()
+    timeline.report("d1", [span("j1", f"t{i:04}", 10.0 + i) for i in range(1000)])
+    answer = timeline.timeline_pb("j1", limit=10)
+    assert [s.span.task_id for s in answer.spans] == [f"t{i:04}" for i in range(990, 1000)]
+    assert answer.left_out == 990
+    monkeypatch.setattr("truba.scheduler.timeline.ANSWER_BYTES", 100 * 1024)
+    answer = timeline.timeline_pb("j1")
+    assert 0 < answer.ByteSize() <= 100 * 1024 and answer.left_out == 1000 - len(answer.spans)
+    assert answer.spans[-1].span.task_id == "t0999"
+    assert timeline.timeline_json("j1", limit=1)["left_out"] == 999
+
+
 def test_spans_come_oldest_end_first_and_since_filters_by_end() -> None:
     timeline = TaskTimeline()
     timeline.report("d2", [span("j1", "late", 30.0)])
