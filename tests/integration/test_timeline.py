@@ -84,6 +84,10 @@ async def test_a_preempted_slot_and_a_failed_task_are_visible_in_the_timeline(
         drawn = await asyncio.to_thread(truba, cluster.address, "timeline", low.id, "-o", str(picture))
         assert drawn.returncode == 0, drawn.stderr
         assert picture.read_bytes().startswith(PNG_MAGIC) and picture.stat().st_size > 10_000
+        # Without -o or --json: attempts per lane by outcome
+        table = await asyncio.to_thread(truba, cluster.address, "timeline", low.id)
+        header, *rows = table.stdout.splitlines()
+        assert header.split()[:4] == ["DAEMON", "SLOT", "OK", "ERROR"] and len(rows) == 2, table.stdout
         # Several jobs are drawn together, told apart by colour
         both = tmp_path / "both.png"
         drawn = await asyncio.to_thread(truba, cluster.address, "timeline", low.id, high.id, "-o", str(both))
