@@ -1,5 +1,6 @@
 """``truba timeline`` against a real cluster: a job that had a task fail and a slot preempted
-shows both, in the HTML page's data and in a PNG, and ``--json`` gives the raw spans."""
+shows both, in the HTML page's data and in a PNG (both saved to ``$TRUBA_ARTIFACTS``), and
+``--json`` gives the raw spans."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -20,6 +22,7 @@ from truba.client import Client
 pytestmark = pytest.mark.integration
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+ARTIFACTS = Path(os.environ.get("TRUBA_ARTIFACTS", ".artifacts"))
 
 
 def truba(address: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -84,6 +87,9 @@ async def test_a_preempted_slot_and_a_failed_task_are_visible_in_the_timeline(
         drawn = await asyncio.to_thread(truba, cluster.address, "timeline", low.id, "-o", str(picture))
         assert drawn.returncode == 0, drawn.stderr
         assert picture.read_bytes().startswith(PNG_MAGIC) and picture.stat().st_size > 10_000
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        shutil.copy(picture, ARTIFACTS / "timeline-preempted.png")
+        shutil.copy(page_path, ARTIFACTS / "timeline-preempted.html")
         # Without -o or --json: attempts per lane by outcome
         table = await asyncio.to_thread(truba, cluster.address, "timeline", low.id)
         header, *rows = table.stdout.splitlines()

@@ -33,30 +33,31 @@ def write_png(path: Path, spans: Sequence[Span], title: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed
-    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import FuncFormatter
 
     lanes = lanes_of(list(spans))
     row = {lane: i for i, lane in enumerate(lanes)}
     jobs = sorted({s.job_id for s in spans})
     by_job = len(jobs) > 1
-    height = min(40.0, 1.6 + 0.28 * max(1, len(lanes)))
+    height = min(40.0, max(3.2, 1.6 + 0.28 * len(lanes)))  # the legend needs about 3 inches
     fig, ax = plt.subplots(figsize=(14, height), dpi=110)
     bars: dict[tuple[int, str], list[tuple[float, float]]] = defaultdict(list)
     marks: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
-    day = 86400.0  # matplotlib dates are days
+    # x: seconds since the minute the first span started in (round ticks are round clock times)
+    base = min((s.start for s in spans), default=0.0) // 60 * 60
     for span in spans:
         y = row[span.lane]
         if span.outcome != "slot_taken":
             color = (
                 JOB_COLORS[jobs.index(span.job_id) % len(JOB_COLORS)] if by_job else OUTCOMES[span.outcome][0]
             )
-            bars[(y, color)].append((span.start / day, max(span.end - span.start, 1e-4) / day))
+            bars[(y, color)].append((span.start - base, max(span.end - span.start, 1e-4)))
         if span.outcome in _MARKS:
             xs, ys = marks[span.outcome]
-            xs.append(span.end / day)
+            xs.append(span.end - base)
             ys.append(y)
     for (y, color), ranges in bars.items():
         ax.broken_barh(ranges, (y - 0.4, 0.8), facecolors=color, linewidth=0)
@@ -65,9 +66,12 @@ def write_png(path: Path, spans: Sequence[Span], title: str) -> None:
         ax.scatter(xs, ys, marker=marker, c=color, s=28 if marker != "|" else 160, zorder=3, linewidths=1.2)
     ax.set_yticks(range(len(lanes)), lanes, fontsize=8 if len(lanes) < 40 else 5)
     ax.set_ylim(len(lanes) - 0.5, -0.5)
-    ax.xaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S"))  # type: ignore[no-untyped-call]
-    first = datetime.fromtimestamp(min((s.start for s in spans), default=0), UTC)
-    ax.set_xlabel(f"time (UTC), {first:%Y-%m-%d}")
+    first = min((s.start for s in spans), default=0.0)
+    last = max((s.end for s in spans), default=0.0)
+    clock = "%H:%M:%S.%f" if last - first < 20 else "%H:%M:%S"
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: _clock(base + x, clock)))
+    ax.set_axisbelow(True)  # grid lines under the bars
+    ax.set_xlabel(f"time (UTC), {datetime.fromtimestamp(first, UTC):%Y-%m-%d}")
     ax.grid(axis="x", color="#e3e7ee")
     ax.set_title(title, fontsize=11, loc="left")
     handles: list[Patch | Line2D] = []
@@ -87,3 +91,9 @@ def write_png(path: Path, spans: Sequence[Span], title: str) -> None:
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _clock(seconds: float, pattern: str) -> str:
+    """A tick's label: UTC time of day (milliseconds when ``pattern`` has ``%f``)."""
+    text = datetime.fromtimestamp(seconds, UTC).strftime(pattern)
+    return text[:-3] if pattern.endswith("%f") else text
