@@ -68,7 +68,8 @@ function drawTimeline(svg, spans, options = {}) {
   }
   hi = Math.max(hi, lo + 0.001);
   let view = svg.truba_view;
-  if (!view || (options.follow && !view.zoomed)) view = { t0: lo, t1: hi, zoomed: false };
+  const margin = (hi - lo) * 0.01; // marks at either end stay in sight
+  if (!view || (options.follow && !view.zoomed)) view = { t0: lo - margin, t1: hi + margin, zoomed: false };
   svg.truba_view = view;
   svg.truba_redraw = () => drawTimeline(svg, spans, options);
   const inner = width - pad.left - pad.right;
@@ -129,17 +130,22 @@ function drawTimeline(svg, spans, options = {}) {
       node = add(bars, "rect", {
         x: x0,
         y: y + 2,
-        width: Math.max(1, x(span.end) - x0),
+        width: Math.max(2, x(span.end) - x0),
         height: laneHeight - 4,
         fill: color,
       });
       const job = byJob ? `job ${span.job_id} · ` : "";
       const error = span.error ? ` (${span.error})` : "";
       add(node, "title", {}, `${job}task ${span.task_id} · attempt ${span.attempt} · ${outcome.label}${error}\n${when}\n${where}`);
-      if (outcome.mark && byJob) {
-        add(marks, "path", { d: `M${x(span.end)},${y + 1} l-3,-4 h6 z`, fill: outcome.color });
-      } else if (outcome.mark) {
-        add(marks, "line", { x1: x(span.end), x2: x(span.end), y1: y, y2: y + laneHeight, stroke: "#111", "stroke-width": 1 });
+      if (outcome.mark) {
+        // a triangle in the outcome's colour over the attempt's end, outlined to stand out on its bar
+        const mark = add(marks, "path", {
+          d: `M${x(span.end)},${y + laneHeight / 2} l-4,-${laneHeight / 2} h8 z`,
+          fill: outcome.color,
+          stroke: "#fff",
+          "stroke-width": 0.8,
+        });
+        mark.setAttribute("class", `tl-mark tl-mark-${span.outcome}`);
       }
     }
     node.setAttribute("class", `tl-span tl-${span.outcome}`);
