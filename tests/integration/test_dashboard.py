@@ -101,7 +101,7 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
     with truba.connect(cluster.address) as client:
         job = client.create_job(handler="tests.handlers.basic:sleep", name="naps")
         for _ in range(300):
-            job.submit(0.02)
+            job.submit(0.05)  # about 4 s on 4 slots: the page sees them run, even on a busy machine
         browser.get(base)
         row = f"job-{job.id}"
         eventually(lambda: browser.find_element(By.ID, row), "the job's row")
@@ -122,6 +122,8 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
             "timeline bars",
         )
         drawn = len(bars)
+        for _ in range(20):  # more attempts: they appear without a reload
+            job.submit(0.05)
         eventually(
             lambda: len(browser.find_elements(By.CSS_SELECTOR, "#job-timeline rect.tl-span")) > drawn,
             "the timeline to grow",
@@ -133,7 +135,7 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         )
         browser.save_screenshot(str(ARTIFACTS / "dashboard-job.png"))
         results = cast(Generator[Outcome, None, None], job.results())
-        for _ in range(300):
+        for _ in range(320):
             assert next(results).ok
         results.close()
         job.close()
