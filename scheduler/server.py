@@ -27,6 +27,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 
 from truba.pipes.broker import redact
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from truba.scheduler import timeline as task_timeline
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
@@ -43,7 +44,6 @@ from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEA
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import SqliteJobStore
-from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
 
@@ -212,7 +212,7 @@ class Scheduler:
                 *([TokenAuth(config.token)] if config.token else []),
             ],
         )
-        timeline = TaskTimeline()
+        timeline = task_timeline.TaskTimeline()
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
             JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store), timeline),
             server,
