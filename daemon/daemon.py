@@ -31,6 +31,7 @@ from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
+from truba.daemon.spans import SpanLog
 from truba.daemon.stats import JobStats
 from truba.daemon.wiring import default_brokers
 from truba.pipes.broker import Broker, BrokerFactory, redact
@@ -93,6 +94,7 @@ class Daemon:
         self._closing: dict[JobRunner, asyncio.Task[None]] = {}
         self._stats: dict[str, JobStats] = {}
         self._stats_seen: dict[str, float] = {}
+        self._spans = SpanLog()
         self._retry_at: dict[str, float] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -129,8 +131,14 @@ class Daemon:
             for job_id, s in self._stats.items()
             if now - self._stats_seen.get(job_id, now) <= STATS_REPORTED
         ]
+        spans, dropped = self._spans.take()
         return daemons_pb2.Heartbeat(
-            applied_version=self._version, running=self._running(), stats=stats, draining=self._draining
+            applied_version=self._version,
+            running=self._running(),
+            stats=stats,
+            draining=self._draining,
+            spans=spans,
+            spans_dropped=dropped,
         )
 
     def _jobs_here(self) -> set[str]:
@@ -318,6 +326,7 @@ class Daemon:
             policy=self.config.policy,
             window=window,
             stop_timeout=self.config.stop_confirm_timeout,
+            spans=self._spans.for_job(job_id),
         )
         log.info(
             "daemon.job.opened",

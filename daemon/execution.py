@@ -28,6 +28,18 @@ from truba.daemon.handover import BATCHED, CHUNKED, ONE_TASK, Admitted, Handover
 from truba.daemon.retries import retries_on, retry_delay
 from truba.daemon.returns import Returns
 from truba.daemon.slot_process import SlotProcess
+from truba.daemon.spans import (
+    CRASHED,
+    ERROR,
+    GAVE_UP,
+    OK,
+    PREEMPTED,
+    RETRIED,
+    TIMEOUT,
+    JobSpans,
+    Outcome,
+    unrecorded,
+)
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, supervised
 from truba.daemon.task_endings import TaskEndings
@@ -53,6 +65,7 @@ class Execution:
         ends: TaskEndings,
         returns: Returns,
         daemon_id: str,
+        spans: JobSpans | None = None,
     ) -> None:
         self.terms = terms
         self.crew = crew
@@ -60,6 +73,8 @@ class Execution:
         self.ends = ends
         self.returns = returns
         self.daemon_id = daemon_id
+        self.spans = spans or unrecorded()
+        """Each attempt's span, for the scheduler's timeline (:mod:`truba.daemon.spans`)."""
         self.task_seconds: float | None = None
         """Recent handler seconds per task (an EWMA; None until a task ended)."""
 
@@ -99,9 +114,10 @@ class Execution:
         """
         terms = self.terms
         limits = Limits(terms.settings.task_timeout, terms.policy.memory_hard)
-        slot = worker.slot
+        slot, spans = worker.slot, self.spans
         count = len(admitted)
         worker.busy, worker.started_at = True, time.monotonic()
+        began = time.time()  # wall clock, for spans: when the next task to end started
         worker.interrupt.clear()
         self.stats.busy += 1
         ended = 0  # tasks whose attempt ended (replied or not)
@@ -120,11 +136,17 @@ class Execution:
                     if end is None:
                         end = await next_reply(slot, task, spent, limits, worker.interrupt)
                     ended += 1
+                    start, ended_at = began, time.time()
+                    if way.streams:  # a chunk's tasks run one after the other
+                        began = ended_at
                     if end.ending is Ending.REPLIED:
-                        await self._complete(delivery, task, end, spent + 1)
+                        outcome = await self._complete(delivery, task, end, spent + 1)
+                        error = end.reply.error.type if end.reply and end.reply.error else ""
+                        spans.attempt(task.task_id, slot.index, start, ended_at, outcome, spent + 1, error)
                         continue
                     replied = False
                     if end.ending is Ending.INTERRUPTED:  # back, unspent
+                        spans.attempt(task.task_id, slot.index, start, ended_at, PREEMPTED, spent + 1)
                         self.stats.preempted += 1
                         if back is None:
                             back = []
@@ -132,7 +154,9 @@ class Execution:
                         fields = {"attempt": spent + 1, "seconds": round(end.seconds, 3)}
                         log.info("daemon.task.preempted", extra=fields)
                     else:
-                        await self._failed(delivery, task, end, spent)
+                        outcome = await self._failed(delivery, task, end, spent)
+                        error = end.error.type if end.error else ""
+                        spans.attempt(task.task_id, slot.index, start, ended_at, outcome, spent + 1, error)
                     if way.streams:  # the slot is gone (and started afresh)
                         break
         except BaseException:
@@ -174,6 +198,8 @@ class Execution:
             admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
             if admission.verdict is Verdict.GIVE_UP:
                 await self.returns.give_up(delivery, task, admission.spent, admission.error)
+                now = time.time()
+                self.spans.attempt(task.task_id, worker.slot.index, now, now, GAVE_UP, admission.spent)
                 return None
             refusal = self.terms.refusal
             if refusal is not None:  # an outcome at once: never a task that waits for nothing
@@ -195,7 +221,8 @@ class Execution:
 
     async def _complete(
         self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, attempt: int
-    ) -> None:
+    ) -> Outcome:
+        """Sends the reply as the task's outcome, or retries it; returns the span's outcome."""
         reply = end.reply
         assert reply is not None
         self.stats.ran(end.seconds)
@@ -211,16 +238,18 @@ class Execution:
             )
             self.stats.retried += 1
             self.returns.requeue_after(delay, delivery, with_attempts(task, attempt))
-            return
+            return RETRIED
         result = ResultMessage(
             task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt
         )
         await self.ends.complete(delivery, result)
+        return OK if reply.ok else ERROR
 
     async def _failed(
         self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, spent: int
-    ) -> None:
-        """The attempt ended without an outcome (timeout, memory, crash): requeue or give up."""
+    ) -> Outcome:
+        """The attempt ended without an outcome (timeout, memory, crash): requeue or give up;
+        returns the span's outcome."""
         assert end.error is not None
         gives_up, spent = after_failure(spent, self.terms.settings.max_attempts)
         fields = {"attempt": spent, "seconds": round(end.seconds, 3), "error": end.error.message}
@@ -233,8 +262,9 @@ class Execution:
             log.warning("daemon.task.slot_died", extra=fields)
         if gives_up:
             await self.returns.give_up(delivery, task, spent, end.error)
-        else:
-            await self.returns.requeue(delivery, with_attempts(task, spent), end.ending.value)
+            return GAVE_UP
+        await self.returns.requeue(delivery, with_attempts(task, spent), end.ending.value)
+        return TIMEOUT if end.ending is Ending.TIMED_OUT else CRASHED
 
     async def _recycle(self, slot: SlotProcess) -> None:
         """Replaces the slot's process after too many tasks or over the soft memory limit."""

@@ -34,6 +34,7 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.returns import CANCEL_QUIET, Returns
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
+from truba.daemon.spans import JobSpans
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import Ending, Limits, supervised
 from truba.daemon.task_endings import TaskEndings
@@ -75,6 +76,7 @@ class JobRunner:
         stop_timeout: float = 5.0,
         cancel_quiet: float = CANCEL_QUIET,
         hold_limit: float = HOLD_LIMIT,
+        spans: JobSpans | None = None,
     ) -> None:
         self.job_id = job_id
         self.daemon_id = daemon_id
@@ -105,7 +107,9 @@ class JobRunner:
             self.returns,
             hold_limit=hold_limit,
         )
-        self.execution = Execution(self.terms, self.crew, self.stats, self.ends, self.returns, daemon_id)
+        self.execution = Execution(
+            self.terms, self.crew, self.stats, self.ends, self.returns, daemon_id, spans
+        )
         self._specs: dict[str, BatchSpec | None] = {}
         """What a slot said about each handler this runner ran (None: one task at a time)."""
 
@@ -246,6 +250,8 @@ class JobRunner:
                 raise
             finally:
                 log.debug("daemon.worker.left")
+                if crew.failure is None:  # the slot leaves the job (a broken pipe reopens it instead)
+                    execution.spans.slot_taken(worker.slot.index)
                 self._hold_results(worker, False)
                 del crew.workers[worker]
                 self.release(worker.slot)

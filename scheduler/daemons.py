@@ -32,6 +32,7 @@ from truba.scheduler.brokers import BrokerInfo
 from truba.scheduler.convert import welcome_pb
 from truba.scheduler.errors import InvalidArgument, SchedulerError
 from truba.scheduler.registry import DaemonInfo, DaemonSession
+from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.validate import check_daemon_id, check_slots
 from truba.scheduler.view import daemon_pb
 
@@ -50,8 +51,11 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         brokers: Sequence[BrokerInfo],
         *,
         clock: Callable[[], float] = time.monotonic,
+        timeline: TaskTimeline | None = None,
     ) -> None:
+        """``timeline`` keeps the task spans heartbeats carry (none kept without one)."""
         self._assigner = assigner
+        self._timeline = timeline
         self._brokers = tuple(brokers)
         self._clock = clock
 
@@ -130,7 +134,10 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         try:
             async for message in requests:
                 if message.HasField("heartbeat"):
-                    self._assigner.heartbeat(session, message.heartbeat)
+                    heartbeat = message.heartbeat
+                    self._assigner.heartbeat(session, heartbeat)
+                    if self._timeline is not None and (heartbeat.spans or heartbeat.spans_dropped):
+                        self._timeline.report(session.daemon_id, heartbeat.spans, heartbeat.spans_dropped)
                 else:
                     log.warning(
                         "sched.daemon.unexpected_message",

@@ -11,6 +11,10 @@ exposed port does is tell what runs):
   field names as in the ``.proto`` files);
 - ``GET /api/v1/history`` (every job) and ``GET /api/v1/jobs/{id}/history``: each job's numbers
   over its last minutes (:mod:`truba.scheduler.history`);
+- ``GET /api/v1/jobs/{id}/timeline`` (``?since=UNIX_TIME&limit=N``): the job's task attempts per
+  daemon and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "left_out",
+  "spans": [{"daemon_id", "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``,
+  outcomes as words;
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -37,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
+from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -62,9 +67,15 @@ def _json(message: Message) -> dict[str, Any]:
 
 
 def build_app(
-    view: ClusterView, metrics: SchedulerMetrics, history: JobHistory, *, token: str | None = None
+    view: ClusterView,
+    metrics: SchedulerMetrics,
+    history: JobHistory,
+    *,
+    token: str | None = None,
+    timeline: TaskTimeline | None = None,
 ) -> web.Application:
-    """The HTTP application over ``view``, ``metrics`` and ``history``."""
+    """The HTTP application over ``view``, ``metrics``, ``history`` and ``timeline``."""
+    spans = timeline or TaskTimeline()
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
 
@@ -96,6 +107,17 @@ def build_app(
     async def job_history(request: web.Request) -> web.Response:
         return web.json_response([p.to_json() for p in history.of(request.match_info["job_id"])])
 
+    async def job_timeline(request: web.Request) -> web.Response:
+        try:
+            found = view.job(request.match_info["job_id"])
+            since = float(request.query.get("since", "0") or 0)
+            limit = max(0, int(request.query.get("limit", "0") or 0))
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        except ValueError:
+            return web.json_response({"error": "since, limit: must be numbers"}, status=400)
+        return web.json_response(spans.timeline_json(found.id, since, limit))
+
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
         suffix = "." + name.rpartition(".")[2]
@@ -115,6 +137,7 @@ def build_app(
     app.router.add_get("/healthz", health)
     app.router.add_get("/api/v1/history", all_history)
     app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
+    app.router.add_get("/api/v1/jobs/{job_id}/timeline", job_timeline)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app

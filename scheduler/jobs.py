@@ -24,6 +24,7 @@ from truba.scheduler.errors import SchedulerError
 from truba.scheduler.events import EventKind
 from truba.scheduler.lifecycle import JobLifecycle
 from truba.scheduler.model import Job
+from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -79,12 +80,14 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         assigner: Assigner,
         brokers: Sequence[BrokerInfo],
         dead_letters: DeadLetterReader,
+        timeline: TaskTimeline | None = None,
     ) -> None:
         self._jobs = lifecycle
         self._assigner = assigner
         self._brokers = tuple(brokers)
         self._view = ClusterView(lifecycle, assigner)
         self._dead = dead_letters
+        self._timeline = timeline or TaskTimeline()
 
     def _pb(self, job: Job) -> jobs_pb2.Job:
         return self._view.job_pb(job)
@@ -222,3 +225,12 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.RemoveDeadLettersResponse:
         job = self._jobs.get(request.job_id)
         return await self._dead.remove(job, request.task_ids)
+
+    @reports_errors
+    async def GetTimeline(
+        self,
+        request: jobs_pb2.GetTimelineRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.GetTimelineRequest, jobs_pb2.Timeline],
+    ) -> jobs_pb2.Timeline:
+        job = self._jobs.get(request.job_id)  # NotFound for an unknown job
+        return self._timeline.timeline_pb(job.id, request.since, request.limit)

@@ -27,6 +27,7 @@ from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined
 
 from truba.pipes.broker import redact
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from truba.scheduler import timeline as task_timeline
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
@@ -226,10 +227,14 @@ class Scheduler:
                 *([TokenAuth(config.token)] if config.token else []),
             ],
         )
+        timeline = task_timeline.TaskTimeline()
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store)), server
+            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store), timeline),
+            server,
         )
-        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(DaemonServicer(assigner, brokers.infos), server)
+        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(
+            DaemonServicer(assigner, brokers.infos, timeline=timeline), server
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if config.tls_cert is not None and config.tls_key is not None:
             tls = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
@@ -244,7 +249,8 @@ class Scheduler:
         if config.http is not None:
             history = JobHistory(view)
             _background(history.run(), stack, name="job-history")
-            http = HttpServer(build_app(view, self.metrics, history, token=config.token), config.http)
+            app = build_app(view, self.metrics, history, token=config.token, timeline=timeline)
+            http = HttpServer(app, config.http)
             await http.start()
             stack.push_async_callback(http.close)
             self._http = http

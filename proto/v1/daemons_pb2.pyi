@@ -7,6 +7,7 @@ from collections import abc as _abc
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from truba.proto.v1 import common_pb2 as _common_pb2
 import builtins as _builtins
 import sys
@@ -18,6 +19,51 @@ else:
     from typing_extensions import TypeAlias as _TypeAlias, Never as _Never
 
 DESCRIPTOR: _descriptor.FileDescriptor
+
+class _SpanOutcome:
+    ValueType = _typing.NewType("ValueType", _builtins.int)
+    V: _TypeAlias = ValueType  # noqa: Y015
+
+class _SpanOutcomeEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_SpanOutcome.ValueType], _builtins.type):
+    DESCRIPTOR: _descriptor.EnumDescriptor
+    SPAN_OUTCOME_UNSPECIFIED: _SpanOutcome.ValueType  # 0
+    SPAN_OUTCOME_OK: _SpanOutcome.ValueType  # 1
+    """The handler returned."""
+    SPAN_OUTCOME_ERROR: _SpanOutcome.ValueType  # 2
+    """The handler raised: the error is the task's outcome."""
+    SPAN_OUTCOME_RETRIED: _SpanOutcome.ValueType  # 3
+    """The handler raised and the job retries on that error (the task runs again later)."""
+    SPAN_OUTCOME_TIMEOUT: _SpanOutcome.ValueType  # 4
+    """It ran longer than the task timeout (requeued, or given up after the last attempt)."""
+    SPAN_OUTCOME_CRASHED: _SpanOutcome.ValueType  # 5
+    """The slot process died or passed the memory limit."""
+    SPAN_OUTCOME_PREEMPTED: _SpanOutcome.ValueType  # 6
+    """Interrupted and put back unspent (immediate preemption or a stop)."""
+    SPAN_OUTCOME_GAVE_UP: _SpanOutcome.ValueType  # 7
+    """The last attempt timed out or crashed: the task went to the dead letters."""
+    SPAN_OUTCOME_SLOT_TAKEN: _SpanOutcome.ValueType  # 8
+    """Not an attempt: the scheduler took the slot from the job (start = end = when it left)."""
+
+class SpanOutcome(_SpanOutcome, metaclass=_SpanOutcomeEnumTypeWrapper): ...
+
+SPAN_OUTCOME_UNSPECIFIED: SpanOutcome.ValueType  # 0
+SPAN_OUTCOME_OK: SpanOutcome.ValueType  # 1
+"""The handler returned."""
+SPAN_OUTCOME_ERROR: SpanOutcome.ValueType  # 2
+"""The handler raised: the error is the task's outcome."""
+SPAN_OUTCOME_RETRIED: SpanOutcome.ValueType  # 3
+"""The handler raised and the job retries on that error (the task runs again later)."""
+SPAN_OUTCOME_TIMEOUT: SpanOutcome.ValueType  # 4
+"""It ran longer than the task timeout (requeued, or given up after the last attempt)."""
+SPAN_OUTCOME_CRASHED: SpanOutcome.ValueType  # 5
+"""The slot process died or passed the memory limit."""
+SPAN_OUTCOME_PREEMPTED: SpanOutcome.ValueType  # 6
+"""Interrupted and put back unspent (immediate preemption or a stop)."""
+SPAN_OUTCOME_GAVE_UP: SpanOutcome.ValueType  # 7
+"""The last attempt timed out or crashed: the task went to the dead letters."""
+SPAN_OUTCOME_SLOT_TAKEN: SpanOutcome.ValueType  # 8
+"""Not an attempt: the scheduler took the slot from the job (start = end = when it left)."""
+Global___SpanOutcome: _TypeAlias = SpanOutcome  # noqa: Y015
 
 @_typing.final
 class ListDaemonsRequest(_message.Message):
@@ -201,14 +247,24 @@ class Heartbeat(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
+    SPANS_DROPPED_FIELD_NUMBER: _builtins.int
     applied_version: _builtins.int
     """Assignment version the daemon has applied."""
     draining: _builtins.bool
     """The daemon takes no new tasks (it is draining for maintenance)."""
+    spans_dropped: _builtins.int
+    """Spans left out since the last heartbeat (over the per-heartbeat bound)."""
     @_builtins.property
     def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
     @_builtins.property
     def stats(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobStats]: ...
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___Span]:
+        """Task attempts that ended and slot preemptions since the last heartbeat, oldest first (the
+        newest ones only when there were more than fit in one heartbeat).
+        """
+
     def __init__(
         self,
         *,
@@ -216,14 +272,61 @@ class Heartbeat(_message.Message):
         running: _abc.Iterable[Global___JobSlots] | None = ...,
         stats: _abc.Iterable[Global___JobStats] | None = ...,
         draining: _builtins.bool = ...,
+        spans: _abc.Iterable[Global___Span] | None = ...,
+        spans_dropped: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "draining", b"draining", "running", b"running", "stats", b"stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "draining", b"draining", "running", b"running", "spans", b"spans", "spans_dropped", b"spans_dropped", "stats", b"stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class Span(_message.Message):
+    """One attempt of a task on one slot (or, SLOT_TAKEN, a slot leaving its job)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    END_FIELD_NUMBER: _builtins.int
+    OUTCOME_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    ERROR_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    task_id: _builtins.str
+    slot: _builtins.int
+    start: _builtins.float
+    """Unix time, seconds (wall clock of the daemon)."""
+    end: _builtins.float
+    outcome: Global___SpanOutcome.ValueType
+    attempt: _builtins.int
+    """The attempt's number (1 for the first)."""
+    error: _builtins.str
+    """The error's type, when it ended with one."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        slot: _builtins.int = ...,
+        start: _builtins.float = ...,
+        end: _builtins.float = ...,
+        outcome: Global___SpanOutcome.ValueType = ...,
+        attempt: _builtins.int = ...,
+        error: _builtins.str = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "end", b"end", "error", b"error", "job_id", b"job_id", "outcome", b"outcome", "slot", b"slot", "start", b"start", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Span: _TypeAlias = Span  # noqa: Y015
 
 @_typing.final
 class JobStats(_message.Message):

@@ -9,6 +9,7 @@ from google.protobuf import message as _message
 from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from truba.proto.v1 import common_pb2 as _common_pb2
+from truba.proto.v1 import daemons_pb2 as _daemons_pb2
 import builtins as _builtins
 import sys
 import typing as _typing
@@ -705,3 +706,90 @@ class RemoveDeadLettersResponse(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___RemoveDeadLettersResponse: _TypeAlias = RemoveDeadLettersResponse  # noqa: Y015
+
+@_typing.final
+class GetTimelineRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SINCE_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    since: _builtins.float
+    """Only spans that ended after this Unix time (0: all kept)."""
+    limit: _builtins.int
+    """At most this many, the newest (0: as many as fit in the answer's 3 MiB)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        since: _builtins.float = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "limit", b"limit", "since", b"since"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___GetTimelineRequest: _TypeAlias = GetTimelineRequest  # noqa: Y015
+
+@_typing.final
+class TimelineSpan(_message.Message):
+    """A span as the scheduler keeps it: the daemon's span with the daemon's id."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    SPAN_FIELD_NUMBER: _builtins.int
+    daemon_id: _builtins.str
+    @_builtins.property
+    def span(self) -> _daemons_pb2.Span: ...
+    def __init__(
+        self,
+        *,
+        daemon_id: _builtins.str = ...,
+        span: _daemons_pb2.Span | None = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _typing.Literal["span", b"span"]  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["daemon_id", b"daemon_id", "span", b"span"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___TimelineSpan: _TypeAlias = TimelineSpan  # noqa: Y015
+
+@_typing.final
+class Timeline(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    SPANS_FIELD_NUMBER: _builtins.int
+    DROPPED_FIELD_NUMBER: _builtins.int
+    LEFT_OUT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    dropped: _builtins.int
+    """Spans the scheduler no longer holds (over its per-job bound) or never got (over a
+    daemon's per-heartbeat bound).
+    """
+    left_out: _builtins.int
+    """Older spans kept but not in this answer (over the limit asked for, or the answer's 3 MiB)."""
+    @_builtins.property
+    def spans(self) -> _containers.RepeatedCompositeFieldContainer[Global___TimelineSpan]:
+        """Oldest end first."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        spans: _abc.Iterable[Global___TimelineSpan] | None = ...,
+        dropped: _builtins.int = ...,
+        left_out: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["dropped", b"dropped", "job_id", b"job_id", "left_out", b"left_out", "spans", b"spans"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___Timeline: _TypeAlias = Timeline  # noqa: Y015

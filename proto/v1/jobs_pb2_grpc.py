@@ -94,6 +94,11 @@ class JobServiceStub:
                 request_serializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.SerializeToString,
                 response_deserializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.FromString,
                 _registered_method=True)
+        self.GetTimeline = channel.unary_unary(
+                '/truba.v1.JobService/GetTimeline',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.Timeline.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -183,6 +188,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetTimeline(self, request, context):
+        """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
+        bounded per job; kept a while after the job ends).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -245,6 +258,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.RemoveDeadLetters,
                     request_deserializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.FromString,
                     response_serializer=truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.SerializeToString,
+            ),
+            'GetTimeline': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetTimeline,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.Timeline.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -571,6 +589,33 @@ class JobService:
             '/truba.v1.JobService/RemoveDeadLetters',
             truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersRequest.SerializeToString,
             truba_dot_v1_dot_jobs__pb2.RemoveDeadLettersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetTimeline(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/GetTimeline',
+            truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.Timeline.FromString,
             options,
             channel_credentials,
             insecure,

@@ -56,6 +56,10 @@ class JobServiceStub:
     """
     RemoveDeadLetters: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.RemoveDeadLettersRequest, _jobs_pb2.RemoveDeadLettersResponse]
     """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
+    GetTimeline: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.GetTimelineRequest, _jobs_pb2.Timeline]
+    """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
+    bounded per job; kept a while after the job ends).
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -85,6 +89,10 @@ class JobServiceAsyncStub(JobServiceStub):
     """
     RemoveDeadLetters: _aio.UnaryUnaryMultiCallable[_jobs_pb2.RemoveDeadLettersRequest, _jobs_pb2.RemoveDeadLettersResponse]  # type: ignore[assignment]
     """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
+    GetTimeline: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetTimelineRequest, _jobs_pb2.Timeline]  # type: ignore[assignment]
+    """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
+    bounded per job; kept a while after the job ends).
+    """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     @_abc_1.abstractmethod
@@ -183,5 +191,15 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_jobs_pb2.RemoveDeadLettersResponse, _abc.Awaitable[_jobs_pb2.RemoveDeadLettersResponse]]:
         """Deletes the job's dead letters of the given tasks (a client sent them again as new tasks)."""
+
+    @_abc_1.abstractmethod
+    def GetTimeline(
+        self,
+        request: _jobs_pb2.GetTimelineRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.Timeline, _abc.Awaitable[_jobs_pb2.Timeline]]:
+        """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
+        bounded per job; kept a while after the job ends).
+        """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...

@@ -201,6 +201,33 @@ function renderJob(job, points) {
   chart(document.getElementById("job-time"), [{ name: "seconds", points: at("task_seconds") }], { digits: 3 });
 }
 
+// The job page's timeline: spans fetched incrementally (the newest end seen, less a margin for
+// heartbeats still on their way), kept per job and drawn by timeline.js.
+const TIMELINE_KEEP = 5000;
+const TIMELINE_MARGIN = 10;
+let timeline = { job: null, spans: new Map(), newest: 0, dropped: 0 };
+
+async function refreshTimeline(jobId) {
+  if (timeline.job !== jobId) timeline = { job: jobId, spans: new Map(), newest: 0, dropped: 0 };
+  const since = timeline.newest ? timeline.newest - TIMELINE_MARGIN : 0;
+  const first = !timeline.newest;
+  const data = await api(`api/v1/jobs/${jobId}/timeline?since=${since}&limit=${TIMELINE_KEEP}`);
+  for (const span of data.spans) {
+    timeline.spans.set(`${span.daemon_id}/${span.slot}/${span.task_id}/${span.start}/${span.outcome}`, span);
+    timeline.newest = Math.max(timeline.newest, span.end);
+  }
+  if (timeline.spans.size > TIMELINE_KEEP) {
+    const newest = [...timeline.spans.entries()].sort((a, b) => a[1].end - b[1].end).slice(-TIMELINE_KEEP);
+    timeline.spans = new Map(newest);
+  }
+  const spans = [...timeline.spans.values()];
+  if (first) timeline.leftOut = num(data.left_out);
+  const missing = num(data.dropped) + num(timeline.leftOut);
+  const note = missing ? `· ${fmt(missing)} older or unreported attempts not shown` : "";
+  document.getElementById("timeline-note").textContent = `· ${fmt(spans.length)} shown ${note}`;
+  drawTimeline(document.getElementById("job-timeline"), spans, { follow: true });
+}
+
 async function refresh() {
   const route = location.hash.match(/^#job\/([a-z0-9]+)$/);
   const status = document.getElementById("status");
@@ -219,6 +246,7 @@ async function refresh() {
     if (route) {
       const job = await api("api/v1/jobs/" + route[1]);
       renderJob(job, history[route[1]] || []);
+      await refreshTimeline(route[1]);
     } else {
       renderJobs(jobs, history);
       renderDaemons(daemons);

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (Debian's headless Chromium) against a running cluster: the page
-loads with no console error, shows a job's live numbers and its page; a screenshot of each view is
-saved to ``$TRUBA_ARTIFACTS`` (default ``.artifacts/``)."""
+loads with no console error, shows a job's live numbers and its page with its timeline; a
+screenshot of each view is saved to ``$TRUBA_ARTIFACTS`` (default ``.artifacts/``)."""
 
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
     with truba.connect(cluster.address) as client:
         job = client.create_job(handler="tests.handlers.basic:sleep", name="naps")
         for _ in range(300):
-            job.submit(0.02)
+            job.submit(0.05)  # about 4 s on 4 slots: the page sees them run, even on a busy machine
         browser.get(base)
         row = f"job-{job.id}"
         eventually(lambda: browser.find_element(By.ID, row), "the job's row")
@@ -116,9 +116,26 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         eventually(lambda: browser.find_element(By.ID, "job-title").text.startswith(job.id), "the job page")
         assert browser.find_element(By.ID, "fact-handler").text == "tests.handlers.basic:sleep"
         eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#job-backlog path"), "the job's charts")
+        # The timeline: a bar per task attempt on the daemons' slot lanes, live, with its legend
+        bars = eventually(
+            lambda: browser.find_elements(By.CSS_SELECTOR, "#job-timeline rect.tl-span.tl-ok"),
+            "timeline bars",
+        )
+        drawn = len(bars)
+        for _ in range(20):  # more attempts: they appear without a reload
+            job.submit(0.05)
+        eventually(
+            lambda: len(browser.find_elements(By.CSS_SELECTOR, "#job-timeline rect.tl-span")) > drawn,
+            "the timeline to grow",
+        )
+        lanes = {e.text for e in browser.find_elements(By.CSS_SELECTOR, "#job-timeline .tl-lane")}
+        assert lanes and all(lane.startswith(("d0 · slot", "d1 · slot")) for lane in lanes), lanes
+        assert (
+            "preempted (put back)" in browser.find_element(By.CSS_SELECTOR, "#job-timeline .tl-legend").text
+        )
         browser.save_screenshot(str(ARTIFACTS / "dashboard-job.png"))
         results = cast(Generator[Outcome, None, None], job.results())
-        for _ in range(300):
+        for _ in range(320):
             assert next(results).ok
         results.close()
         job.close()

@@ -17,7 +17,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.mark.parametrize(
     "module",
-    ["truba", "truba.pipes", "truba.scheduler", "truba.daemon", "truba.client", "truba.proto", "truba.local"],
+    [
+        "truba",
+        "truba.pipes",
+        "truba.scheduler",
+        "truba.daemon",
+        "truba.client",
+        "truba.proto",
+        "truba.local",
+        "truba.timeplot",
+    ],
 )
 def test_every_public_name_in_all_exists(module: str) -> None:
     mod = importlib.import_module(module)
@@ -34,6 +43,7 @@ PACKAGES = [
     "truba.client",
     "truba.proto",
     "truba.local",
+    "truba.timeplot",
 ]
 
 

@@ -12,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from truba.cli import daemons, jobs, status
+from truba.cli import daemons, jobs, status, timeline
 from truba.cli.exits import INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -38,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.register(sub)
     jobs.register(sub)
     daemons.register(sub)
+    timeline.register(sub)
     return parser
 
 
