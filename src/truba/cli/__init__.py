@@ -12,6 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from truba import logs
 from truba.cli import daemons, jobs, status
 from truba.cli.exits import INTERRUPTED, CliError
 
@@ -44,6 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one command; returns its exit status (see :mod:`truba.cli.exits`)."""
     args = build_parser().parse_args(argv)
+    if hasattr(args, "log_level"):
+        logs.setup(args.log_level, args.log_format)
     try:
         result: int = args.func(args)
     except CliError as exc:
