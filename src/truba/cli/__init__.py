@@ -1,7 +1,8 @@
 """The ``truba`` command line, a module per verb.
 
 Running things: ``scheduler``, ``daemon``, ``up`` (a local cluster). Asking the scheduler:
-``status``, ``jobs``, ``job ID``, ``cancel ID``, ``daemons`` and ``drain ID``: human tables by
+``status``, ``jobs``, ``job ID`` (``--dead``: its dead letters), ``cancel ID``, ``daemons``,
+``drain ID`` and ``top`` (a live view): human tables by
 default, ``--json`` for machines, ``$TRUBA_SCHEDULER`` as the default address, one line on
 stderr and a sysexits-like status when something fails (:mod:`truba.cli.exits`).
 """
@@ -13,7 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from truba import logs
-from truba.cli import daemons, jobs, status
+from truba.cli import daemons, jobs, status, top
 from truba.cli.exits import INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -39,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.register(sub)
     jobs.register(sub)
     daemons.register(sub)
+    top.register(sub)
     return parser
 
 

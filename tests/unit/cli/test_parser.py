@@ -22,6 +22,8 @@ ASKING = [
     ["cancel", "j-1"],
     ["daemons"],
     ["drain", "d-1"],
+    ["job", "j-1", "--dead"],
+    ["top"],
 ]
 
 
@@ -38,7 +40,7 @@ def test_every_verb_has_a_description_and_its_options_a_help() -> None:
         assert sub.description, f"truba {name} has no description"
         scheduler = [a for a in sub._actions if "--scheduler" in a.option_strings]
         assert all(a.help for a in scheduler), f"truba {name} --scheduler has no help"
-    for name in ["up", "status", "jobs", "job", "cancel", "daemons", "drain"]:
+    for name in ["up", "status", "jobs", "job", "cancel", "daemons", "drain", "top"]:
         for action in verbs[name]._actions:
             assert action.help, f"truba {name} {action.option_strings or action.dest} has no help"
 
@@ -149,3 +151,19 @@ def test_truba_up_gives_its_log_flags_to_the_scheduler_and_daemons_it_starts(
     scheduler, daemon = (build_parser().parse_args(argv) for argv in spawned)
     assert (scheduler.log_level, scheduler.log_format) == ("debug", "text")
     assert (daemon.log_level, daemon.log_format) == ("warning", "text")  # a start's own flags win
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["job", "j-1", "--limit", "5"], "truba job: --limit goes with --dead\n"),
+        (["job", "j-1", "--dead", "--limit", "0"], "truba job: --limit must be 1 to 1000, not 0\n"),
+        (["top", "--interval", "0"], "truba top: --interval must be > 0 and --count >= 0\n"),
+    ],
+)
+def test_a_bad_dead_limit_or_top_interval_is_one_line_and_exit_2_before_asking_anyone(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRUBA_SCHEDULER", "127.0.0.1:1")  # nobody there: asking would exit 69
+    assert main(argv) == USAGE
+    assert capsys.readouterr().err == said
