@@ -9,7 +9,7 @@ few lines of text (:func:`frame_lines`) or, for ``--json``, a dict (:func:`frame
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -35,15 +35,16 @@ def outcomes(job: jobs_pb2.Job) -> int:
     return int(job.counts.done + job.counts.failed)
 
 
-def throughput(samples: Sequence[Sample]) -> dict[str, float]:
+def throughput(samples: Iterable[Sample]) -> dict[str, float]:
     """Outcomes a second of each job in the newest sample, since the oldest sample that had it
     (a job seen once, or samples taken at one instant, have none)."""
-    if not samples:
+    history = list(samples)  # a deque of the last few, in top
+    if not history:
         return {}
-    newest = samples[-1]
+    *older, newest = history
     rates: dict[str, float] = {}
     for job in newest.jobs:
-        for old in samples[:-1]:
+        for old in older:
             before = next((j for j in old.jobs if j.id == job.id), None)
             if before is not None and newest.at > old.at:
                 rates[job.id] = max(0, outcomes(job) - outcomes(before)) / (newest.at - old.at)

@@ -3,6 +3,7 @@ the most important job first, and --json frames that parse."""
 
 from __future__ import annotations
 
+import collections
 import json
 
 from truba.cli.top_frame import Sample, cluster_totals, frame_dict, frame_lines, throughput
@@ -34,6 +35,7 @@ def test_throughput_is_outcomes_a_second_since_the_oldest_sample_that_had_the_jo
         Sample(12.0, 0.0, [a_job("j-1", done=18, failed=2), a_job("j-2", done=9)], []),
     ]
     assert throughput(samples) == {"j-1": 10.0, "j-2": 6.0}
+    assert throughput(collections.deque(samples, maxlen=5)) == {"j-1": 10.0, "j-2": 6.0}  # as top keeps them
     assert throughput(samples[:1]) == {}  # one look says nothing of a rate
     assert throughput([]) == {}
 
