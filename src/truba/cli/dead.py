@@ -1,9 +1,10 @@
 """``truba job ID --dead``: a job's dead letters, as a table or ``--json``.
 
 The scheduler reads every broker's dead-letter queue of the job without consuming it
-(``ListDeadLetters``); the records are the client's :class:`~truba.client.DeadLetters`, so the
-command and the SDK say the same. ``--limit N`` shows the first N (the scheduler reads at most N
-per broker); a list cut short says so under the table and as ``"truncated": true``.
+(``ListDeadLetters``, as :meth:`truba.client.Job.dead_letters` does; the answer is read here as
+it comes, so that every command does not pay for importing the client). ``--limit N`` shows the
+first N (the scheduler reads at most N per broker); a list cut short says so under the table and
+as ``"truncated": true``.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from typing import Final
 from truba.cli.exits import OK, USAGE, CliError
 from truba.cli.render import Row, iso_time, print_json, print_table
 from truba.cli.session import Session
-from truba.client.dead_letters import DeadLetter, DeadLetters
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
 DEFAULT_LIMIT: Final = 100
@@ -36,17 +36,16 @@ def show_dead_letters(s: Session, job_id: str, *, limit: int, as_json: bool) -> 
     check_limit(limit)
     stub = jobs_pb2_grpc.JobServiceStub(s.channel)
     answer = s.call(stub.ListDeadLetters, jobs_pb2.ListDeadLettersRequest(job_id=job_id, limit=limit))
-    letters = DeadLetters.from_pb(answer)
-    shown = letters.letters[:limit]
-    truncated = letters.truncated or len(letters) > limit
+    shown = answer.dead_letters[:limit]
+    truncated = answer.truncated or len(answer.dead_letters) > limit
     if as_json:
         print_json(
             {
                 "job_id": job_id,
                 "dead_letters": [letter_dict(letter) for letter in shown],
-                "unreachable": list(letters.unreachable),
+                "unreachable": list(answer.unreachable),
                 "truncated": truncated,
-                "kept_until": iso_time(letters.kept_until or 0),
+                "kept_until": iso_time(answer.kept_until),
             }
         )
         return OK
@@ -54,28 +53,28 @@ def show_dead_letters(s: Session, job_id: str, *, limit: int, as_json: bool) -> 
         print(f"job {job_id}: no dead letters")
     else:
         rows = [
-            [letter.task_id or "-", letter.reason.name.lower(), letter.attempts or "-", _where(letter)]
+            [letter.task_id or "-", _reason(letter), letter.attempts or "-", _where(letter)]
             + [_error(letter)]
             for letter in shown
         ]
         print_table(["TASK", "REASON", "ATTEMPTS", "BROKER", "ERROR"], rows, right=frozenset({2}))
-    for broker in letters.unreachable:
+    for broker in answer.unreachable:
         print(f"not read: {broker}")
     if truncated:
         print(f"(more are kept than the {limit} shown: --limit up to {MAX_LIMIT})")
-    if letters.kept_until is not None:
-        print(f"kept until {iso_time(letters.kept_until)}")
+    if answer.kept_until:
+        print(f"kept until {iso_time(answer.kept_until)}")
     return OK
 
 
-def letter_dict(letter: DeadLetter) -> Row:
+def letter_dict(letter: jobs_pb2.DeadLetter) -> Row:
     """One dead letter as ``--json`` prints it."""
     return {
         "task_id": letter.task_id,
-        "reason": letter.reason.name.lower(),
-        "error_type": letter.error.type,
-        "error_message": letter.error.message,
-        "traceback": letter.error.traceback,
+        "reason": _reason(letter),
+        "error_type": letter.error_type,
+        "error_message": letter.error_message,
+        "traceback": letter.traceback,
         "attempts": letter.attempts,
         "broker": letter.broker,
         "daemon_id": letter.daemon_id,
@@ -83,12 +82,17 @@ def letter_dict(letter: DeadLetter) -> Row:
     }
 
 
-def _where(letter: DeadLetter) -> str:
+def _reason(letter: jobs_pb2.DeadLetter) -> str:
+    """``gave_up``, ``poison`` or ``refused`` (what the client calls :class:`~truba.client.DeadReason`)."""
+    return jobs_pb2.DeadLetterReason.Name(letter.reason).removeprefix("DEAD_LETTER_REASON_").lower()
+
+
+def _where(letter: jobs_pb2.DeadLetter) -> str:
     return letter.broker + (f" ({letter.daemon_id})" if letter.daemon_id else "")
 
 
-def _error(letter: DeadLetter) -> str:
-    message = " ".join(letter.error.message.split())  # one row, whatever the message holds
+def _error(letter: jobs_pb2.DeadLetter) -> str:
+    message = " ".join(letter.error_message.split())  # one row, whatever the message holds
     if len(message) > ERROR_WIDTH:
         message = message[: ERROR_WIDTH - 1] + "…"
-    return f"{letter.error.type}: {message}" if letter.error.type else message or "-"
+    return f"{letter.error_type}: {message}" if letter.error_type else message or "-"
