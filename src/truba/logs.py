@@ -98,7 +98,8 @@ class TextFormatter(logging.Formatter):
     The time is UTC to the millisecond (as in the JSON lines, so the two can be matched), the
     level padded to a column, then the event, the ids bound in context first and the other
     fields after, ``key=value`` with values that hold spaces or quotes in double quotes. A
-    traceback follows indented, so that a line starting at column 0 is always a new record.
+    traceback, and the rest of a message of several lines (a library's), follow indented, so
+    that a line starting at column 0 is always a new record.
     """
 
     def format(self, record: logging.LogRecord) -> str:
@@ -110,11 +111,11 @@ class TextFormatter(logging.Formatter):
         ordered = [key for key in _IDS if key in fields] + [key for key in fields if key not in _IDS]
         stamp = iso_time(record.created)[:23].replace("T", " ") + "Z"
         text = " ".join(f"{key}={_text_value(fields[key])}" for key in ordered)
-        line = f"{stamp} {record.levelname:<7} {record.getMessage()}  {text}".rstrip()
+        event, *more = record.getMessage().splitlines() or [""]
         if record.exc_info:
-            trace = self.formatException(record.exc_info)
-            line += "\n" + "\n".join("    " + row for row in trace.splitlines())
-        return line
+            more += self.formatException(record.exc_info).splitlines()
+        line = f"{stamp} {record.levelname:<7} {event}  {text}".rstrip()
+        return "\n".join([line, *("    " + row for row in more)])
 
 
 def _text_value(value: object) -> str:

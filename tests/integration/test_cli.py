@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -191,3 +192,32 @@ async def test_job_dead_lists_given_up_tasks_with_their_error_as_a_table_and_jso
             clean = await client.create_job("tests.handlers.basic:square")
             none = truba("job", clean.id, "--dead", env=env)
         assert (none.returncode, none.stdout) == (0, f"job {clean.id}: no dead letters\n")
+
+
+def test_truba_up_runs_its_scheduler_and_daemons_with_the_log_flags_it_was_given(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    # `truba up` had no --log-level or --log-format: its processes always logged JSON at info
+    url = rabbit_nodes[0].url  # type: ignore[attr-defined]
+    argv = ["up", "--broker", url, "--daemons", "1", "--slots", "1", "--allow", "tests.handlers.*"]
+    argv += [
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        str(tmp_path),
+        "--log-format",
+        "text",
+        "--log-level",
+        "debug",
+    ]
+    done = truba(*argv, "--", sys.executable, "-m", "truba", "status")
+    assert done.returncode == 0, done.stdout + done.stderr
+    text_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) +\S+")
+    for name in ("scheduler", "daemon-0"):
+        records = [
+            line
+            for line in (tmp_path / "logs" / f"{name}.log").read_text().splitlines()
+            if line and not line.startswith(("--- truba:", "truba scheduler ", " "))
+        ]
+        assert records and all(text_line.match(line) for line in records), (name, records[:5])
+        assert any(" DEBUG " in line for line in records), name

@@ -102,3 +102,12 @@ def test_a_text_traceback_is_indented_under_its_record() -> None:
     assert first.endswith(" ERROR   failed")
     assert rest and all(row.startswith("    ") for row in rest)
     assert rest[-1].strip() == "ValueError: boom"
+
+
+def test_a_text_message_of_several_lines_continues_indented() -> None:
+    # grpc logs "Client request_iterator raised exception:\n<traceback>" as its message
+    trace = ("Traceback\n  line",)
+    record = logging.LogRecord("grpc", logging.DEBUG, __file__, 1, "raised:\n%s", trace, None)
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith(" DEBUG   raised:")
+    assert rest == ["    Traceback", "      line"]
