@@ -160,3 +160,43 @@ async def test_top_on_a_terminal_draws_the_jobs_and_quitting_restores_the_termin
             assert after.read_text() == before.read_text()
         finally:
             run("kill-server")
+
+
+def test_top_on_a_terminal_shows_a_scheduler_that_went_away_and_still_quits(tmp_path: Path) -> None:
+    tmux = tmux_path()
+    socket = f"truba-top-{os.getpid()}-gone"
+
+    def run(*argv: str) -> str:
+        return subprocess.run([tmux, "-L", socket, *argv], capture_output=True, text=True, timeout=10).stdout
+
+    # Given a scheduler (without brokers: it still answers ListJobs and ListDaemons) and top on it
+    scheduler = subprocess.Popen(
+        [sys.executable, "-m", "truba", "scheduler", "--listen", "127.0.0.1:0", "--http", "off"]
+        + ["--broker", "amqp://guest:guest@127.0.0.1:1/", "--state", str(tmp_path / "state")],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert scheduler.stdout is not None
+        address = scheduler.stdout.readline().removeprefix("truba scheduler listening on ").strip()
+        run("new-session", "-d", "-x", "120", "-y", "30", "bash --norc --noprofile")
+        command = shlex.join([sys.executable, "-m", "truba", "top", "--scheduler", address, "--timeout", "1"])
+        run("send-keys", f"cd {shlex.quote(str(REPO))}; {command}; echo EXIT=$?", "Enter")
+        eventually(lambda: "no jobs" in run("capture-pane", "-p"), "top did not draw")
+        # When the scheduler stops, top says so at the bottom and keeps running
+        scheduler.terminate()
+        scheduler.wait(15)
+        eventually(
+            lambda: f"scheduler {address}: unreachable" in run("capture-pane", "-p"), "top did not say it"
+        )
+        assert "EXIT=" not in run("capture-pane", "-p")
+        # Then q still quits, with 0
+        run("send-keys", "q")
+        eventually(lambda: "EXIT=0" in run("capture-pane", "-p"), "top did not quit")
+    finally:
+        run("kill-server")
+        if scheduler.poll() is None:
+            scheduler.kill()
+            scheduler.wait()
