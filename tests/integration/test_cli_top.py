@@ -183,6 +183,16 @@ def test_top_on_a_terminal_shows_a_scheduler_that_went_away_and_still_quits(tmp_
         address = scheduler.stdout.readline().removeprefix("truba scheduler listening on ").strip()
         run("new-session", "-d", "-x", "120", "-y", "30", "bash --norc --noprofile")
         command = shlex.join([sys.executable, "-m", "truba", "top", "--scheduler", address, "--timeout", "1"])
+        # (a terminal curses does not know gets frames printed, as a pipe does)
+        run(
+            "send-keys",
+            f"cd {shlex.quote(str(REPO))}; TERM=nosuchterm {command} --count 1; echo DUMB=$?",
+            "Enter",
+        )
+        eventually(lambda: "DUMB=0" in run("capture-pane", "-p"), "top did not print a frame")
+        assert "no jobs" in run("capture-pane", "-p")
+        run("send-keys", "clear", "Enter")
+        eventually(lambda: "DUMB=0" not in run("capture-pane", "-p"), "the pane did not clear")
         run("send-keys", f"cd {shlex.quote(str(REPO))}; {command}; echo EXIT=$?", "Enter")
         eventually(lambda: "no jobs" in run("capture-pane", "-p"), "top did not draw")
         # When the scheduler stops, top says so at the bottom and keeps running

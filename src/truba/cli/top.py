@@ -2,11 +2,12 @@
 
 On a terminal it draws full screen with :mod:`curses` and quits on ``q`` or Ctrl-C (exit 0),
 leaving the terminal as it was; a scheduler that stops answering shows as a line at the bottom
-while ``top`` keeps asking. When stdout is not a terminal (a pipe, a file, a test), or with
-``--json``, it prints one frame per interval instead (text frames apart by a blank line, or a
-JSON object a line) and a failed call ends it with one line and its exit status, like the other
-verbs. ``--count N`` stops after N frames. The first sample is taken before anything is drawn:
-a scheduler that cannot be reached is one line on stderr and exit 69, as for every verb.
+while ``top`` keeps asking. When stdout is not a terminal (a pipe, a file, a test) or is one
+curses does not know (``$TERM``), or with ``--json``, it prints one frame per interval instead
+(text frames apart by a blank line, or a JSON object a line) and a failed call ends it with one
+line and its exit status, like the other verbs. ``--count N`` stops after N frames. The first
+sample is taken before anything is drawn: a scheduler that cannot be reached is one line on
+stderr and exit 69, as for every verb.
 """
 
 from __future__ import annotations
@@ -88,13 +89,24 @@ def top(args: argparse.Namespace) -> int:
         sampler = Sampler(s)
         sampler.take()
         try:
-            if args.json or not sys.stdout.isatty():
+            if args.json or not _can_draw():
                 _print_frames(sampler, args.interval, args.count, as_json=args.json)
             else:
                 curses.wrapper(_live, sampler, args.interval, args.count)
         except KeyboardInterrupt:
             pass  # Ctrl-C is how top is left; curses.wrapper restored the terminal
     return OK
+
+
+def _can_draw() -> bool:
+    """stdout is a terminal that curses knows (``$TERM`` unset or unknown: frames are printed)."""
+    if not sys.stdout.isatty():
+        return False
+    try:
+        curses.setupterm(fd=sys.stdout.fileno())
+    except curses.error:
+        return False
+    return True
 
 
 def _print_frames(sampler: Sampler, interval: float, count: int, *, as_json: bool) -> None:
