@@ -110,8 +110,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--broker-heartbeat", type=float, default=10.0, metavar="SECONDS", help="AMQP heartbeat"
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    logs.add_arguments(parser)
 
 
 def config_from(args: argparse.Namespace) -> DaemonConfig | str:

@@ -118,8 +118,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--tls-key", type=Path, default=None, metavar="PEM", help="the certificate's private key"
     )
-    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    parser.add_argument("--log-format", default="json", choices=["json", "text"])
+    logs.add_arguments(parser)
     parser.set_defaults(func=main)
 
 

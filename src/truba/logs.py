@@ -1,13 +1,15 @@
 """Structured logging for truba's binaries: one JSON object per line, ids from context.
 
 Library code logs with ``logging.getLogger(__name__)``, a constant dotted event name as the message
-and data in ``extra``. Binaries call :func:`setup` once. Ids that hold for a whole scope (job,
-task, daemon, slot) are bound with :func:`bind` and added to every record by a filter, so layers
-need not thread them through calls.
+and data in ``extra``. Binaries call :func:`setup` once, with the ``--log-level`` and
+``--log-format`` that :func:`add_arguments` gives every command. Ids that hold for a whole scope
+(job, task, daemon, slot) are bound with :func:`bind` and added to every record by a filter, so
+layers need not thread them through calls.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextvars
 import json
 import logging
@@ -86,22 +88,67 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, default=repr, ensure_ascii=False)
 
 
+_IDS: Final = ("job_id", "task_id", "daemon_id", "slot")
+"""Fields a text line shows first, in this order, when a record has them."""
+
+
 class TextFormatter(logging.Formatter):
-    """Human-readable variant: time, level, event, then key=value fields."""
+    """For people: ``2026-11-25 12:00:00.123Z INFO  event  job_id=… field=…``, one record a line.
+
+    The time is UTC to the millisecond (as in the JSON lines, so the two can be matched), the
+    level padded to a column, then the event, the ids bound in context first and the other
+    fields after, ``key=value`` with values that hold spaces or quotes in double quotes. A
+    traceback, and the rest of a message of several lines (a library's), follow indented, so
+    that a line starting at column 0 is always a new record.
+    """
 
     def format(self, record: logging.LogRecord) -> str:
-        fields = " ".join(
-            f"{key}={value}"
+        fields = {
+            key: value
             for key, value in vars(record).items()
             if key not in _STANDARD and not key.startswith("_")
-        )
-        stamp = time.strftime("%H:%M:%S", time.localtime(record.created))
-        line = (
-            f"{stamp}.{int(record.msecs):03d} {record.levelname:<7} {record.getMessage()} {fields}".rstrip()
-        )
+        }
+        ordered = [key for key in _IDS if key in fields] + [key for key in fields if key not in _IDS]
+        stamp = iso_time(record.created)[:23].replace("T", " ") + "Z"
+        text = " ".join(f"{key}={_text_value(fields[key])}" for key in ordered)
+        event, *more = record.getMessage().splitlines() or [""]
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
-        return line
+            more += self.formatException(record.exc_info).splitlines()
+        line = f"{stamp} {record.levelname:<7} {event}  {text}".rstrip()
+        return "\n".join([line, *("    " + row for row in more)])
+
+
+def _text_value(value: object) -> str:
+    """``value`` as it reads best: strings and numbers bare, others as repr; quoted when it has
+    spaces, quotes or ``=`` (or is empty), so that every line splits back into its fields."""
+    text = value if isinstance(value, str) else str(value) if isinstance(value, int | float) else repr(value)
+    if not text or any(c.isspace() or c in '"=' for c in text):
+        return json.dumps(text, ensure_ascii=False)
+    return text
+
+
+LEVELS: Final = ("debug", "info", "warning", "error")
+FORMATS: Final = ("json", "text")
+
+
+def add_arguments(
+    parser: argparse.ArgumentParser, *, level: str = "info", fmt: str = "json", note: str = ""
+) -> None:
+    """Adds ``--log-level`` and ``--log-format`` (with these defaults) to a command's ``parser``;
+    ``note`` ends the help of both (e.g. where else they apply)."""
+    parser.add_argument(
+        "--log-level",
+        default=level,
+        choices=LEVELS,
+        help=f"the least severe records logged, on stderr{note} (default: {level})",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=fmt,
+        choices=FORMATS,
+        help="json: one JSON object a line (time, level, logger, event, fields), for machines; "
+        f"text: one readable line a record (UTC time, level, event, key=value fields){note} (default: {fmt})",
+    )
 
 
 def setup(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:

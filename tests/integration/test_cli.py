@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -22,7 +23,16 @@ from truba.local import free_port
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-VERBS = [["status"], ["jobs"], ["job", "j-1"], ["cancel", "j-1"], ["daemons"], ["drain", "d-1"]]
+VERBS = [
+    ["status"],
+    ["jobs"],
+    ["job", "j-1"],
+    ["job", "j-1", "--dead"],
+    ["cancel", "j-1"],
+    ["daemons"],
+    ["drain", "d-1"],
+    ["top"],
+]
 
 
 def truba(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -45,7 +55,7 @@ def silent_port() -> Iterator[int]:
         yield int(server.getsockname()[1])
 
 
-@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: "-".join(argv).replace("--", ""))
 def test_every_verb_on_a_dead_address_prints_one_line_and_exits_69_within_5_s(argv: list[str]) -> None:
     # `truba jobs` printed a 45-line traceback here; the address comes from $TRUBA_SCHEDULER
     dead = f"127.0.0.1:{free_port()}"
@@ -59,7 +69,7 @@ def test_every_verb_on_a_dead_address_prints_one_line_and_exits_69_within_5_s(ar
     assert elapsed < 5, elapsed
 
 
-@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: argv[0])
+@pytest.mark.parametrize("argv", VERBS, ids=lambda argv: "-".join(argv).replace("--", ""))
 def test_a_port_that_accepts_and_never_answers_gives_up_within_5_s(silent_port: int, argv: list[str]) -> None:
     # It used to wait 20 s
     began = time.monotonic()
@@ -135,3 +145,79 @@ async def test_the_verbs_against_a_real_cluster_tell_the_truth_in_tables_and_jso
         drained = truba("drain", "d0", "--json", env=env)
         assert drained.returncode == 0, drained.stderr
         assert json.loads(drained.stdout)["state"] == "draining"
+
+
+async def test_job_dead_lists_given_up_tasks_with_their_error_as_a_table_and_json_and_limit_cuts_it(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    async with running(tmp_path, rabbit_nodes, daemons=1, slots=2) as cluster:
+        env = {"TRUBA_SCHEDULER": cluster.address}
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
+            # Given a job with two tasks that outlive their timeout on their only attempt
+            job = await client.create_job("tests.handlers.faults:pid", task_timeout=0.5, max_attempts=1)
+            ok_id = await job.submit(0.0)
+            dead_ids = {await job.submit(30.0), await job.submit(30.0)}
+            await job.close()
+            outcomes = {o.task_id: o async for o in job.results()}
+            assert outcomes[ok_id].ok and all(outcomes[t].gave_up for t in dead_ids)
+
+        # When its dead letters are listed: a row each with task, reason, attempts, broker, error
+        table = truba("job", job.id, "--dead", env=env)
+        assert table.returncode == 0, table.stderr
+        header, *rest = table.stdout.splitlines()
+        assert header.split() == ["TASK", "REASON", "ATTEMPTS", "BROKER", "ERROR"]
+        rows = [line.split() for line in rest[:2]]
+        assert {row[0] for row in rows} == dead_ids
+        for row in rows:
+            assert row[1:3] == ["gave_up", "1"] and row[3] in ("b0", "b1") and row[4] == "(d0)"
+            assert row[5] == "TaskTimeout:", row
+        assert rest[2].startswith("kept until ")  # the job ended: they are kept a while
+
+        # And --json parses with the same records, the error's type and message apart
+        listed = json.loads(truba("job", job.id, "--dead", "--json", env=env).stdout)
+        assert {d["task_id"] for d in listed["dead_letters"]} == dead_ids
+        letter = listed["dead_letters"][0]
+        assert (letter["reason"], letter["error_type"], letter["attempts"]) == ("gave_up", "TaskTimeout", 1)
+        assert letter["error_message"] and letter["daemon_id"] == "d0" and letter["broker"] in ("b0", "b1")
+        assert listed["truncated"] is False and listed["kept_until"].endswith("Z")
+
+        # And --limit 1 shows one and says more are kept
+        one = json.loads(truba("job", job.id, "--dead", "--limit", "1", "--json", env=env).stdout)
+        assert len(one["dead_letters"]) == 1 and one["truncated"] is True
+        cut = truba("job", job.id, "--dead", "--limit", "1", env=env).stdout.splitlines()
+        assert len(cut) == 4 and cut[2] == "(more are kept than the 1 shown: --limit up to 1000)", cut
+
+        # And a job without dead letters says so
+        async with Client(cluster.address, journal=tmp_path / "journal2") as client:
+            clean = await client.create_job("tests.handlers.basic:square")
+            none = truba("job", clean.id, "--dead", env=env)
+        assert (none.returncode, none.stdout) == (0, f"job {clean.id}: no dead letters\n")
+
+
+def test_truba_up_runs_its_scheduler_and_daemons_with_the_log_flags_it_was_given(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    # `truba up` had no --log-level or --log-format: its processes always logged JSON at info
+    url = rabbit_nodes[0].url  # type: ignore[attr-defined]
+    argv = ["up", "--broker", url, "--daemons", "1", "--slots", "1", "--allow", "tests.handlers.*"]
+    argv += [
+        "--listen",
+        "127.0.0.1:0",
+        "--state",
+        str(tmp_path),
+        "--log-format",
+        "text",
+        "--log-level",
+        "debug",
+    ]
+    done = truba(*argv, "--", sys.executable, "-m", "truba", "status")
+    assert done.returncode == 0, done.stdout + done.stderr
+    text_line = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z (DEBUG|INFO|WARNING|ERROR) +\S+")
+    for name in ("scheduler", "daemon-0"):
+        records = [
+            line
+            for line in (tmp_path / "logs" / f"{name}.log").read_text().splitlines()
+            if line and not line.startswith(("--- truba:", "truba scheduler ", " "))
+        ]
+        assert records and all(text_line.match(line) for line in records), (name, records[:5])
+        assert any(" DEBUG " in line for line in records), name

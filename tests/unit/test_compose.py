@@ -66,3 +66,37 @@ def test_the_dockerfile_installs_every_package_folder_and_sets_no_pythonpath() -
         assert (REPO / folder).is_dir()
     assert "PYTHONPATH" not in dockerfile.replace("no source folder on PYTHONPATH", "")
     assert "pip wheel" in dockerfile and "./examples" in dockerfile
+
+
+def test_the_scheduler_is_told_the_brokers_consumer_timeout_and_the_brokers_set_their_alarms(
+    compose: dict[str, Any],
+) -> None:
+    # The scheduler assumed RabbitMQ's 30 min and refused jobs the brokers would have run
+    services = compose["services"]
+    command = services["scheduler"]["command"]
+    told = float(command[command.index("--consumer-timeout") + 1])
+    for name in ("rmq1", "rmq2"):
+        args = str(services[name]["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"])
+        timeout = re.search(r"consumer_timeout (\d+)", args)
+        assert timeout and int(timeout.group(1)) / 1000 == told
+        assert re.search(r"vm_memory_high_watermark 0\.\d+\b", args) and re.search(
+            r"disk_free_limit \d+", args
+        )
+
+
+def test_the_monitoring_profile_scrapes_the_schedulers_http_port_and_mounts_files_that_exist(
+    compose: dict[str, Any],
+) -> None:
+    services = compose["services"]
+    command = services["scheduler"]["command"]
+    http_port = command[command.index("--http") + 1].rsplit(":", 1)[1]
+    assert f"127.0.0.1:{http_port}:{http_port}" in services["scheduler"]["ports"]
+    for name in ("prometheus", "grafana"):
+        assert services[name]["profiles"] == ["monitoring"]  # a plain `up` runs truba alone
+        for volume in services[name]["volumes"]:
+            assert (REPO / volume.split(":")[0]).exists(), volume
+    config = yaml.safe_load((REPO / "docs" / "prometheus" / "prometheus.yml").read_text())
+    (scrape,) = config["scrape_configs"]
+    assert scrape["job_name"] == "truba-scheduler"  # the rules' TrubaSchedulerDown names it
+    assert scrape["static_configs"][0]["targets"] == [f"scheduler:{http_port}"]
+    assert config["rule_files"] == ["truba-rules.yml"]

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from truba.logs import JsonFormatter, bind, iso_time, setup
+from truba.logs import JsonFormatter, TextFormatter, bind, iso_time, setup
 
 
 @pytest.fixture
@@ -75,3 +75,39 @@ def test_times_are_iso_8601_in_utc_with_microseconds(lines: io.StringIO) -> None
     assert stamp.endswith("Z") and parsed.tzinfo == datetime.UTC
     assert abs(parsed.timestamp() - time.time()) < 60
     assert iso_time(1764072000.9999996) == "2025-11-25T12:00:01.000000Z"
+
+
+def test_text_lines_read_as_utc_time_level_event_then_ids_first_and_quoted_values() -> None:
+    # --log-format text used to print local time and fields in any order, values unquoted
+    record = logging.LogRecord("truba.test", logging.WARNING, __file__, 1, "daemon.slot.crashed", None, None)
+    record.created = 1764072000.25
+    record.error = "Killed by signal 9"
+    record.attempt = 2
+    record.task_id = "t-7"
+    record.job_id = "j-1"
+    line = TextFormatter().format(record)
+    assert line == (
+        "2025-11-25 12:00:00.250Z WARNING daemon.slot.crashed  job_id=j-1 task_id=t-7"
+        ' error="Killed by signal 9" attempt=2'
+    )
+
+
+def test_a_text_traceback_is_indented_under_its_record() -> None:
+    try:
+        raise ValueError("boom")
+    except ValueError:
+        record = logging.LogRecord("truba.test", logging.ERROR, __file__, 1, "failed", None, None)
+        record.exc_info = sys.exc_info()
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith(" ERROR   failed")
+    assert rest and all(row.startswith("    ") for row in rest)
+    assert rest[-1].strip() == "ValueError: boom"
+
+
+def test_a_text_message_of_several_lines_continues_indented() -> None:
+    # grpc logs "Client request_iterator raised exception:\n<traceback>" as its message
+    trace = ("Traceback\n  line",)
+    record = logging.LogRecord("grpc", logging.DEBUG, __file__, 1, "raised:\n%s", trace, None)
+    first, *rest = TextFormatter().format(record).splitlines()
+    assert first.endswith(" DEBUG   raised:")
+    assert rest == ["    Traceback", "      line"]

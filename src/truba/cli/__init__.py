@@ -1,7 +1,8 @@
 """The ``truba`` command line, a module per verb.
 
 Running things: ``scheduler``, ``daemon``, ``up`` (a local cluster). Asking the scheduler:
-``status``, ``jobs``, ``job ID``, ``cancel ID``, ``daemons`` and ``drain ID``: human tables by
+``status``, ``jobs``, ``job ID`` (``--dead``: its dead letters), ``cancel ID``, ``daemons``,
+``drain ID`` and ``top`` (a live view): human tables by
 default, ``--json`` for machines, ``$TRUBA_SCHEDULER`` as the default address, one line on
 stderr and a sysexits-like status when something fails (:mod:`truba.cli.exits`).
 """
@@ -12,7 +13,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from truba.cli import daemons, jobs, status, timeline
+from truba import logs
+from truba.cli import daemons, jobs, status, timeline, top
 from truba.cli.exits import INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -39,12 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     jobs.register(sub)
     daemons.register(sub)
     timeline.register(sub)
+    top.register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs one command; returns its exit status (see :mod:`truba.cli.exits`)."""
     args = build_parser().parse_args(argv)
+    if hasattr(args, "log_level"):
+        logs.setup(args.log_level, args.log_format)
     try:
         result: int = args.func(args)
     except CliError as exc:

@@ -1,10 +1,12 @@
-"""``truba jobs`` (list), ``truba job ID`` (one job in full) and ``truba cancel ID``."""
+"""``truba jobs`` (list), ``truba job ID`` (one job in full; ``--dead``: its dead letters) and
+``truba cancel ID``."""
 
 from __future__ import annotations
 
 import argparse
 
-from truba.cli.exits import OK
+from truba.cli.dead import DEFAULT_LIMIT, MAX_LIMIT, check_limit, show_dead_letters
+from truba.cli.exits import OK, USAGE, CliError
 from truba.cli.render import iso_time, job_dict, job_name, job_state, print_json, print_table
 from truba.cli.session import add_client_arguments, session
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
@@ -25,10 +27,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser(
         "job",
         help="show one job",
-        description="Show one job: state, importance, share, slots, counts, settings and any problem.",
+        description="Show one job: state, importance, share, slots, counts, settings and any problem; "
+        "with --dead, its dead letters (tasks given up, poison, refused by a broker) instead.",
     )
     parser.add_argument("job_id", metavar="JOB_ID", help="the job's id (truba jobs --all lists them)")
     add_client_arguments(parser)
+    parser.add_argument(
+        "--dead",
+        action="store_true",
+        help="list the job's dead letters: task, reason, attempts, broker (and daemon), error; "
+        "they are kept a while after the job ends (the scheduler's --keep-dead)",
+    )
+    parser.add_argument(
+        "--limit",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with --dead: show the first N (default {DEFAULT_LIMIT}, at most {MAX_LIMIT})",
+    )
     parser.set_defaults(func=show_job)
 
     parser = sub.add_parser(
@@ -70,6 +86,13 @@ def list_jobs(args: argparse.Namespace) -> int:
 
 
 def show_job(args: argparse.Namespace) -> int:
+    if args.limit is not None and not args.dead:
+        raise CliError("--limit goes with --dead", USAGE)
+    if args.dead:
+        limit = DEFAULT_LIMIT if args.limit is None else args.limit
+        check_limit(limit)
+        with session(args) as s:
+            return show_dead_letters(s, args.job_id, limit=limit, as_json=args.json)
     with session(args) as s:
         stub = jobs_pb2_grpc.JobServiceStub(s.channel)
         job = s.call(stub.GetJob, jobs_pb2.GetJobRequest(job_id=args.job_id))

@@ -105,10 +105,17 @@ def print_json(value: object) -> None:
 
 def print_table(headers: Sequence[str], rows: Sequence[Sequence[object]], right: frozenset[int]) -> None:
     """Columns as wide as their widest cell; the columns numbered in ``right`` are right-aligned."""
+    for line in table_lines(headers, rows, right):
+        print(line)
+
+
+def table_lines(headers: Sequence[str], rows: Sequence[Sequence[object]], right: frozenset[int]) -> list[str]:
+    """The lines :func:`print_table` prints."""
     cells = [list(headers), *([str(c) for c in row] for row in rows)]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    for row in cells:
-        line = "  ".join(
+    return [
+        "  ".join(
             cell.rjust(widths[i]) if i in right else cell.ljust(widths[i]) for i, cell in enumerate(row)
-        )
-        print(line.rstrip())
+        ).rstrip()
+        for row in cells
+    ]

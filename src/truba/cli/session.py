@@ -16,17 +16,23 @@ from typing import Final, TypeVar
 
 import grpc
 
+from truba import logs
 from truba.channel import Credentials, default_scheduler, open_blocking_channel, scheduler_target
 from truba.cli.exits import CliError, rpc_failed
 
 DEFAULT_TIMEOUT: Final = 3.0
 """Seconds a command waits for the scheduler (connecting included)."""
+LOG_LEVEL: Final = "warning"
+LOG_FORMAT: Final = "text"
+"""The verbs that ask the scheduler are for people at a terminal: only what went wrong is logged,
+readably, so that a failed command still ends in its one line on stderr."""
 
 Resp = TypeVar("Resp")
 
 
 def add_client_arguments(parser: argparse.ArgumentParser, *, json: bool = True) -> None:
-    """Adds ``--scheduler``, ``--timeout`` and (with ``json``) ``--json`` to ``parser``."""
+    """Adds ``--scheduler``, ``--timeout``, (with ``json``) ``--json``, and ``--log-level`` and
+    ``--log-format`` to ``parser``."""
     parser.add_argument(
         "--scheduler",
         default=default_scheduler(),
@@ -42,6 +48,7 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, json: bool = True) 
     )
     if json:
         parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    logs.add_arguments(parser, level=LOG_LEVEL, fmt=LOG_FORMAT)
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,9 @@ class LocalCluster:
     address: str = ""
     http: str = ""
     """The scheduler's dashboard URL, ``http://HOST:PORT/`` ("" when its HTTP is off)."""
+    log_args: list[str] = field(default_factory=list)
+    """Flags every scheduler and daemon started here gets first (``truba up``'s ``--log-level``
+    and ``--log-format``); flags given to one start come after them and win."""
     _logs: list[IO[bytes]] = field(default_factory=list)
     _started: set[str] = field(default_factory=set)
 
@@ -134,7 +137,16 @@ class LocalCluster:
         broker_args = [arg for url in broker_urls for arg in ("--broker", url)]
         process = self.spawn(
             "scheduler",
-            ["scheduler", "--listen", listen, *broker_args, "--state", str(self.state / "scheduler"), *extra],
+            [
+                "scheduler",
+                "--listen",
+                listen,
+                *broker_args,
+                "--state",
+                str(self.state / "scheduler"),
+                *self.log_args,
+                *extra,
+            ],
         )
         self.address = self._wait_for_ready(process)
         self.http = self._http_of(process)
@@ -168,6 +180,7 @@ class LocalCluster:
                 "--drain-timeout",
                 str(DAEMON_DRAIN_TIMEOUT),
                 *allow_args,
+                *self.log_args,
                 *extra,
             ],
         )

@@ -1,11 +1,12 @@
 """``truba up``: a whole cluster on this machine, in one command, restartable on the same state.
 
 Starts local RabbitMQ nodes (unless ``--broker`` URLs are given), the scheduler and the daemons,
-each a process of its own with its log in ``STATE/logs/``, prints the addresses and how to reach
-the nodes with ``rabbitmqctl``, then supervises them (:mod:`truba.local.supervise`) until Ctrl-C
-or SIGTERM, and stops them all in reverse order. With a command after ``--``, runs it against
-the cluster (``TRUBA_SCHEDULER`` names the scheduler), then stops everything and exits with the
-command's status.
+each a process of its own with its log in ``STATE/logs/`` (in the ``--log-level`` and
+``--log-format`` given to ``up``, which its own records on stderr use too), prints the addresses
+and how to reach the nodes with ``rabbitmqctl``, then supervises them
+(:mod:`truba.local.supervise`) until Ctrl-C or SIGTERM, and stops them all in reverse order. With
+a command after ``--``, runs it against the cluster (``TRUBA_SCHEDULER`` names the scheduler),
+then stops everything and exits with the command's status.
 
 A second run on the same ``--state`` brings the nodes back with the same names, ports and data
 and the scheduler on the same address (:mod:`truba.local.up_state`), so jobs and the clients
@@ -24,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Final
 
+from truba import logs
 from truba.local.cluster import LOCAL_CONSUMER_TIMEOUT, LocalCluster
 from truba.local.node import LocalRabbitNode, NodeError
 from truba.local.nodes import start_all
@@ -78,6 +80,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=".truba",
         metavar="DIR",
         help="brokers' data, scheduler state, logs (.truba)",
+    )
+    logs.add_arguments(
+        parser, note="; given to the scheduler and daemons it starts too (their logs: STATE/logs)"
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND to run against the cluster")
     parser.set_defaults(func=main)
@@ -156,7 +161,7 @@ def start(args: argparse.Namespace) -> LocalCluster:
                 f"{host}:{taken} is taken{what} (another truba up or scheduler?); stop it, or pass "
                 f"--listen {host}:0 for free ports"
             )
-    cluster = LocalCluster(state)
+    cluster = LocalCluster(state, log_args=log_args(args))
     try:
         urls = list(args.broker)
         scheduler_args: list[str] = []
@@ -190,6 +195,11 @@ def start(args: argparse.Namespace) -> LocalCluster:
         cluster.stop()
         raise
     return cluster
+
+
+def log_args(args: argparse.Namespace) -> list[str]:
+    """``--log-level`` and ``--log-format`` as ``up`` got them, for the scheduler and daemons."""
+    return ["--log-level", args.log_level, "--log-format", args.log_format]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -4,6 +4,7 @@ to $TRUBA_SCHEDULER, addresses without a port on 50051, one-line errors with sys
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import grpc
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from truba.channel import scheduler_target
 from truba.cli import build_parser, main
 from truba.cli.exits import FAILURE, NOPERM, UNAVAILABLE, USAGE, CliError, rpc_failed
+from truba.local import up
+from truba.local.cluster import LocalCluster
 
 ASKING = [
     ["status"],
@@ -19,6 +22,8 @@ ASKING = [
     ["cancel", "j-1"],
     ["daemons"],
     ["drain", "d-1"],
+    ["job", "j-1", "--dead"],
+    ["top"],
 ]
 
 
@@ -35,7 +40,7 @@ def test_every_verb_has_a_description_and_its_options_a_help() -> None:
         assert sub.description, f"truba {name} has no description"
         scheduler = [a for a in sub._actions if "--scheduler" in a.option_strings]
         assert all(a.help for a in scheduler), f"truba {name} --scheduler has no help"
-    for name in ["up", "status", "jobs", "job", "cancel", "daemons", "drain"]:
+    for name in ["up", "status", "jobs", "job", "cancel", "daemons", "drain", "top"]:
         for action in verbs[name]._actions:
             assert action.help, f"truba {name} {action.option_strings or action.dest} has no help"
 
@@ -115,3 +120,50 @@ def test_a_bad_command_line_exits_2() -> None:
     with pytest.raises(SystemExit) as exited:
         main(["job"])  # the id is missing
     assert exited.value.code == USAGE
+
+
+def test_every_command_takes_log_level_and_log_format_with_help_and_documented_defaults() -> None:
+    # `truba up` and the verbs that ask the scheduler had no log flags; the daemon's had no help
+    verbs = subparsers(build_parser())
+    for name, sub in verbs.items():
+        flags = {a.dest: a for a in sub._actions if a.dest in ("log_level", "log_format")}
+        assert sorted(flags) == ["log_format", "log_level"], f"truba {name} lacks a log flag"
+        for action in flags.values():
+            assert action.help and f"(default: {action.default})" in action.help, (name, action.dest)
+    for name in ("scheduler", "daemon", "up"):
+        defaults = verbs[name].get_default("log_level"), verbs[name].get_default("log_format")
+        assert defaults == ("info", "json"), name
+    args = build_parser().parse_args(["jobs"])
+    assert (args.log_level, args.log_format) == ("warning", "text")
+
+
+def test_truba_up_gives_its_log_flags_to_the_scheduler_and_daemons_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spawned: list[list[str]] = []
+    monkeypatch.setattr(LocalCluster, "spawn", lambda self, name, args, env=None: spawned.append(args))
+    monkeypatch.setattr(LocalCluster, "_wait_for_ready", lambda self, process: "127.0.0.1:1")
+    monkeypatch.setattr(LocalCluster, "_http_of", staticmethod(lambda process: ""))
+    args = build_parser().parse_args(["up", "--allow", "x.*", "--log-level", "debug", "--log-format", "text"])
+    cluster = LocalCluster(tmp_path, log_args=up.log_args(args))
+    cluster.start_scheduler(["amqp://b/"])
+    cluster.start_daemon("d0", 1, ["x.*"], "--log-level", "warning")
+    scheduler, daemon = (build_parser().parse_args(argv) for argv in spawned)
+    assert (scheduler.log_level, scheduler.log_format) == ("debug", "text")
+    assert (daemon.log_level, daemon.log_format) == ("warning", "text")  # a start's own flags win
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["job", "j-1", "--limit", "5"], "truba job: --limit goes with --dead\n"),
+        (["job", "j-1", "--dead", "--limit", "0"], "truba job: --limit must be 1 to 1000, not 0\n"),
+        (["top", "--interval", "0"], "truba top: --interval must be > 0 and --count >= 0\n"),
+    ],
+)
+def test_a_bad_dead_limit_or_top_interval_is_one_line_and_exit_2_before_asking_anyone(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRUBA_SCHEDULER", "127.0.0.1:1")  # nobody there: asking would exit 69
+    assert main(argv) == USAGE
+    assert capsys.readouterr().err == said
