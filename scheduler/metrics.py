@@ -107,34 +107,34 @@ def _job_families(jobs: list[jobs_pb2.Job], revoked: Mapping[tuple[str, str], in
     info = GaugeMetricFamily(
         "truba_job_info",
         "A runnable job (always 1), with its name, handler and state as labels.",
-        labels=["job", "name", "handler", "state"],
+        labels=["job_id", "name", "handler", "state"],
     )
-    importance = GaugeMetricFamily("truba_job_importance", "The job's importance.", labels=["job"])
+    importance = GaugeMetricFamily("truba_job_importance", "The job's importance.", labels=["job_id"])
     share = GaugeMetricFamily(
-        "truba_job_fair_share_slots", "Slots the job should hold by weighted fair share.", labels=["job"]
+        "truba_job_fair_share_slots", "Slots the job should hold by weighted fair share.", labels=["job_id"]
     )
-    assigned = GaugeMetricFamily("truba_job_assigned_slots", "Slots the job holds now.", labels=["job"])
+    assigned = GaugeMetricFamily("truba_job_assigned_slots", "Slots the job holds now.", labels=["job_id"])
     backlog = GaugeMetricFamily(
-        "truba_job_backlog_tasks", "Tasks submitted and not yet run (an estimate).", labels=["job"]
+        "truba_job_backlog_tasks", "Tasks submitted and not yet run (an estimate).", labels=["job_id"]
     )
-    running = GaugeMetricFamily("truba_job_running_tasks", "Tasks running on a slot now.", labels=["job"])
+    running = GaugeMetricFamily("truba_job_running_tasks", "Tasks running on a slot now.", labels=["job_id"])
     submitted = CounterMetricFamily(
-        "truba_job_submitted_tasks", "Tasks submitted, as the client reports them.", labels=["job"]
+        "truba_job_submitted_tasks", "Tasks submitted, as the client reports them.", labels=["job_id"]
     )
     outcomes = CounterMetricFamily(
         "truba_job_attempts",
         "Attempts that ended with a result (ok) or an error (failed), as daemons report them.",
-        labels=["job", "result"],
+        labels=["job_id", "result"],
     )
     task_time = GaugeMetricFamily(
         "truba_job_task_duration_seconds",
         "Moving average of a task's run time, seconds (0 until one has finished).",
-        labels=["job"],
+        labels=["job_id"],
     )
     revocations = CounterMetricFamily(
         "truba_job_slot_revocations",
         "Slots plans took from the job: preempted (it still had work) or released (it had none).",
-        labels=["job", "reason"],
+        labels=["job_id", "reason"],
     )
     for job in jobs:
         state = jobs_pb2.JobState.Name(job.state).removeprefix("JOB_STATE_").lower()

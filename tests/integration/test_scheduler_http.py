@@ -67,8 +67,8 @@ def test_metrics_follow_a_job_as_its_tasks_run_and_promtool_accepts_them(cluster
     with truba.connect(cluster.address) as client:
         job = client.create_job(handler="tests.handlers.basic:square", name="squares")
         before = fetch(f"{base}/metrics")
-        assert sample(before, "truba_job_info", job=job.id, name="squares", state="open") == 1
-        assert sample(before, "truba_job_attempts_total", job=job.id, result="ok") == 0
+        assert sample(before, "truba_job_info", job_id=job.id, name="squares", state="open") == 1
+        assert sample(before, "truba_job_attempts_total", job_id=job.id, result="ok") == 0
         assert sample(before, "truba_scheduler_daemons") == 2
         assert sample(before, "truba_daemon_slots", daemon="d0") == 2
         for i in range(200):
@@ -82,13 +82,13 @@ def test_metrics_follow_a_job_as_its_tasks_run_and_promtool_accepts_them(cluster
         deadline = time.monotonic() + 15
         while True:
             after = fetch(f"{base}/metrics")
-            done = sample(after, "truba_job_attempts_total", job=job.id, result="ok")
+            done = sample(after, "truba_job_attempts_total", job_id=job.id, result="ok")
             if done >= 200 or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
         assert done == 200
-        assert sample(after, "truba_job_submitted_tasks_total", job=job.id) == 200
-        assert sample(after, "truba_job_assigned_slots", job=job.id) > 0
+        assert sample(after, "truba_job_submitted_tasks_total", job_id=job.id) == 200
+        assert sample(after, "truba_job_assigned_slots", job_id=job.id) > 0
         assert sample(after, "truba_scheduler_plan_duration_seconds_count") > 0
         assert sample(after, "truba_scheduler_grpc_calls_total", method="CreateJob", code="OK") == 1
         listed = json.loads(fetch(f"{base}/api/v1/jobs"))["jobs"]
