@@ -18,7 +18,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Final, final
+from typing import IO, TYPE_CHECKING, Final, final
 
 import grpc
 import grpc.aio
@@ -38,7 +38,6 @@ from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
 from truba.scheduler.history import JobHistory
-from truba.scheduler.http_api import HttpServer, build_app
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
@@ -48,6 +47,9 @@ from truba.scheduler.store import JobStore
 from truba.scheduler.store_open import POSTGRESQL_SCHEMES, last_known, open_store
 from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
+
+if TYPE_CHECKING:  # aiohttp costs every `truba` command half a second at import: load it when serving
+    from truba.scheduler.http_api import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -249,6 +251,8 @@ class Scheduler:
         if config.http is not None:
             history = JobHistory(view)
             _background(history.run(), stack, name="job-history")
+            from truba.scheduler.http_api import HttpServer, build_app
+
             app = build_app(view, self.metrics, history, token=config.token, timeline=timeline)
             http = HttpServer(app, config.http)
             await http.start()
