@@ -40,9 +40,11 @@ async def test_cancel_gives_every_pending_task_a_cancelled_outcome(
         with pytest.raises(TaskCancelled, match="cancelled with its job"):
             cancelled[0].result()
         assert info.state == jobs_pb2.JOB_STATE_CANCELLED
-        # Deleted at once; a daemon that took the new assignment late may declare one again,
-        # which the scheduler's sweep a moment later removes.
+        # Deleted at once but for the dead-letter queue, kept for --keep-dead; a daemon that took
+        # the new assignment late may declare one again, which the scheduler's sweep removes.
         async with asyncio.timeout(10):
-            while await asyncio.to_thread(queues_of, job.id, rabbit_nodes):
+            while [
+                q for q in await asyncio.to_thread(queues_of, job.id, rabbit_nodes) if not q.endswith(".dead")
+            ]:
                 await asyncio.sleep(0.5)
         assert not (tmp_path / "journal" / job.id).exists()
