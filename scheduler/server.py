@@ -25,6 +25,7 @@ import grpc.aio
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
+from truba.http_server import HttpServer
 from truba.pipes.broker import redact
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.assigner import Assigner
@@ -36,7 +37,7 @@ from truba.scheduler.daemons import DaemonServicer
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.events import JobEvents
 from truba.scheduler.history import JobHistory
-from truba.scheduler.http_api import HttpServer, build_app
+from truba.scheduler.http_api import build_app
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
@@ -229,7 +230,11 @@ class Scheduler:
         if config.http is not None:
             history = JobHistory(view)
             _background(history.run(), stack, name="job-history")
-            http = HttpServer(build_app(view, self.metrics, history, token=config.token), config.http)
+            http = HttpServer(
+                build_app(view, self.metrics, history, token=config.token),
+                config.http,
+                started="sched.http.started",
+            )
             await http.start()
             stack.push_async_callback(http.close)
             self._http = http
