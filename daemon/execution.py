@@ -138,7 +138,7 @@ class Execution:
                         self.events.slot_restarted(end.ending)
                     replied = False
                     if end.ending is Ending.INTERRUPTED:  # back, unspent
-                        self.events.ended("preempted", end.seconds, spent + 1)
+                        self.events.ended(task.task_id, "preempted", end.seconds, spent + 1)
                         self.stats.preempted += 1
                         if back is None:
                             back = []
@@ -180,10 +180,7 @@ class Execution:
         task = delivery.message
         self.stats.waiting += 1
         try:
-            log.debug(
-                "daemon.task.received",
-                extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
-            )
+            self.events.received(task.task_id, delivery.redelivered, task.attempts)
             settings = self.terms.settings
             admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
             if admission.verdict is Verdict.GIVE_UP:
@@ -217,7 +214,8 @@ class Execution:
         self.task_seconds = reply.seconds if seconds is None else seconds + (reply.seconds - seconds) / 8
         settings = self.terms.settings
         retried = not reply.ok and retries_on(reply.kinds, settings, attempt)
-        self.events.ended("retried" if retried else "ok" if reply.ok else "failed", end.seconds, attempt)
+        how = "retried" if retried else "ok" if reply.ok else "failed"
+        self.events.ended(task.task_id, how, end.seconds, attempt)
         if retried:
             delay = retry_delay(attempt, settings.backoff)
             error = reply.error.type if reply.error is not None else ""
@@ -239,7 +237,7 @@ class Execution:
         assert end.error is not None
         gives_up, spent = after_failure(spent, self.terms.settings.max_attempts)
         fields = {"attempt": spent, "seconds": round(end.seconds, 3), "error": end.error.message}
-        self.events.ended(FAILED_HOW[end.ending], end.seconds, spent)
+        self.events.ended(task.task_id, FAILED_HOW[end.ending], end.seconds, spent)
         if end.ending is Ending.TIMED_OUT:
             self.stats.timed_out += 1
             log.info("daemon.task.timed_out", extra=fields)

@@ -138,21 +138,20 @@ class TaskEndings:
 
     async def _ack_when_confirmed(self, end: _End) -> None:
         delivery, what, ok, context = end.delivery, end.what, end.ok, end.context
+        task_id = delivery.message.task_id
         started = time.perf_counter()
         try:
             for confirmation in end.confirmations:
                 await confirmation
         except PipeError as exc:
             context.run(log.warning, "daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
+            context.run(self.events.settled, task_id, what, acked=False)
             await self._open.wait()
             await settle(delivery.reject(requeue=True))
             if exc.retryable:
                 self.on_broken(exc)
             return
-        debug = log.isEnabledFor(logging.DEBUG)
-        if debug:
-            fields = {"what": what, "confirm_seconds": round(time.perf_counter() - started, 6)}
-            context.run(log.debug, "daemon.task.confirmed", extra=fields)
+        context.run(self.events.confirmed, task_id, what, time.perf_counter() - started)
         if ok is True:
             self.stats.done += 1
         elif ok is False:
@@ -161,8 +160,7 @@ class TaskEndings:
             self.stats.gave_up += 1
         await self._open.wait()
         await settle(delivery.ack())
-        if debug:
-            context.run(log.debug, "daemon.task.acked", extra={"what": what})
+        context.run(self.events.settled, task_id, what, acked=True)
 
     async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
         """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""

@@ -120,6 +120,9 @@ async def test_daemon_metrics_move_as_tasks_run_promtool_accepts_them_and_a_job_
         await eventually(lambda: metrics_address(daemon), what="metrics served")
         address = metrics_address(daemon)
         assert address is not None and address.startswith("127.0.0.1:")
+        await scrape_until(
+            address, lambda found: value(found, "truba_daemon_scheduler_connected") == 1, "welcomed"
+        )
         before = await scrape(address)
         promtool_check(before)
         found = samples(before)
@@ -193,7 +196,10 @@ async def test_daemon_metrics_move_as_tasks_run_promtool_accepts_them_and_a_job_
         events = [json.loads(line) for line in daemon.log().splitlines() if line.startswith("{")]
         for task in tasks:
             told = [e for e in events if e.get("task_id") == task.task_id and e["event"] in life]
-            assert [e["event"] for e in told] == life, (task.task_id, told)
+            # A task handed to a slot in a chunk behind one that crashed it went back unstarted
+            # and came again: its life here is then two, the last one to its end.
+            names = [e["event"] for e in told]
+            assert names[-5:] == life and names[0] == life[0], (task.task_id, names)
             for event in told:
                 assert event["job_id"] == job_id and event["daemon_id"] == "d-metrics", event
                 assert event["slot"] in (0, 1) and event["time"].endswith("Z"), event

@@ -15,6 +15,7 @@ import pytest
 from tests.waiting import eventually
 from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.metrics_http import metrics_listen, metrics_server
+from truba.daemon.task_events import sampled
 from truba.logs import ContextFilter
 from truba.pipes.testing import FakeBroker
 from truba.proto.v1 import common_pb2, daemons_pb2
@@ -161,3 +162,37 @@ def test_metrics_given_a_port_alone_listen_on_loopback() -> None:
     assert metrics_listen("[::1]:9100") == "[::1]:9100"
     with pytest.raises(ValueError, match="HOST:PORT or PORT"):
         metrics_listen("localhost")
+
+
+async def test_at_info_the_life_of_a_troubled_long_or_sampled_task_is_written_once_it_is_settled_and_no_other(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert sampled("ok-32") and not any(sampled(t) for t in ("ok-1", "bad", "slow"))
+    caplog.handler.addFilter(ContextFilter())
+    with caplog.at_level(logging.INFO, logger="truba.daemon"):
+        running.assign(1, 1, "tests.handlers.basic:behave")
+        await running.submit(
+            TaskMessage("ok-1", ["ok", 1]),
+            TaskMessage("ok-32", ["ok", 2]),  # sampled
+            TaskMessage("bad", ["raise", "no"]),  # failed
+            TaskMessage("slow", ["sleep", 0.15]),  # long enough to be written whatever happens
+        )
+        await eventually(
+            lambda: running.broker.messages(running.queues.tasks) == [], timeout=20, what="acked"
+        )
+        await eventually(lambda: sum(r.message == "daemon.task.acked" for r in caplog.records) == 3)
+    life = ["daemon.task.received", "daemon.task.started", "daemon.task.ended", "daemon.task.confirmed"]
+    life.append("daemon.task.acked")
+    told = {
+        task_id: [r for r in caplog.records if getattr(r, "task_id", None) == task_id and r.message in life]
+        for task_id in ("ok-1", "ok-32", "bad", "slow")
+    }
+    assert told["ok-1"] == []  # a short ok task not sampled: nothing written
+    for task_id in ("ok-32", "bad", "slow"):
+        records = told[task_id]
+        assert [r.message for r in records] == life, task_id
+        assert {r.levelno for r in records} == {logging.INFO}
+        times = [r.created for r in records]
+        assert times == sorted(times) and times[0] < times[-1], "each event keeps the time it happened"
+        assert {(vars(r)["job_id"], vars(r)["slot"]) for r in records} == {("fk", 0)}
+    assert [getattr(r, "how", None) for r in told["bad"]][2] == "failed"

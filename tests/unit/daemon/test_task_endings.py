@@ -69,7 +69,7 @@ async def test_confirm_and_ack_events_name_their_own_task_when_acks_queue_up(
     results: FakeSender[ResultMessage] = FakeSender()
     ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
     caplog.handler.addFilter(ContextFilter())
-    with caplog.at_level(logging.DEBUG, logger="truba.daemon.task_endings"):
+    with caplog.at_level(logging.DEBUG, logger="truba.daemon"):
         for task_id, slot in (("t1", 0), ("t2", 1), ("t3", 0)):
             tasks.push(TaskMessage(task_id, 1))
             delivery = await tasks.get(0.0)
