@@ -11,7 +11,8 @@ guarantee on) against one broker and a scheduler, with one daemon of --slots slo
            acked; and the pipes' own per-message debug events)
 
 Only one daemon runs at a time: each measurement starts its daemon, waits until the scheduler
-sees it alone, runs W1 and stops it. Variants are interleaved over rounds, the median kept, and
+sees it alone, runs W1 and stops it. Variants are interleaved over rounds (their order rotated
+each round), the median kept, and
 the ratios to warning and debug/info reported (measured in the same run), with the lines the
 daemon wrote and the daemon process's own CPU time per task (user + system, its slots not
 counted: what logging adds there is its cost, and it is far less noisy than throughput on a
@@ -86,7 +87,9 @@ async def run(args: argparse.Namespace, cluster: LocalCluster, tmp: Path) -> dic
     steal: dict[str, list[float]] = {}
     clock = Steal()
     for round_ in range(args.rounds):
-        for level in LEVELS:  # each in turn: the variants never overlap
+        # Each in turn (the variants never overlap), the order rotated every round: on a shared
+        # machine the position in a round matters as much as the level.
+        for level in LEVELS[round_ % len(LEVELS) :] + LEVELS[: round_ % len(LEVELS)]:
             clock.lap()
             rate, wrote, used = await measure(
                 cluster, level, f"d-{level}-{round_}", args, tmp / f"{level}-{round_}"

@@ -7,6 +7,7 @@ import logging
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -196,3 +197,20 @@ async def test_at_info_the_life_of_a_troubled_long_or_sampled_task_is_written_on
         assert times == sorted(times) and times[0] < times[-1], "each event keeps the time it happened"
         assert {(vars(r)["job_id"], vars(r)["slot"]) for r in records} == {("fk", 0)}
     assert [getattr(r, "how", None) for r in told["bad"]][2] == "failed"
+
+
+def test_a_daemon_given_a_bad_metrics_address_says_so_and_exits_2() -> None:
+    argv = [
+        sys.executable,
+        "-m",
+        "truba.daemon",
+        "--allow",
+        "x:*",
+        "--metrics",
+        "nowhere",
+        "--log-format",
+        "text",
+    ]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 2, done.stderr
+    assert "daemon.bad_args" in done.stderr and "--metrics" in done.stderr
