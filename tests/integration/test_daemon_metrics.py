@@ -1,5 +1,6 @@
 """A real daemon's ``--metrics`` endpoint over real brokers: promtool accepts it, values move as
-tasks run, a job's series go when it leaves; and its debug log tells each task's life.
+tasks run, a job's series go when it leaves, a broker connection cut under it counts a reconnect;
+and its debug log tells each task's life.
 
 The scheduler is scripted (test_daemon_harness.py); the daemon is ``python -m truba.daemon``.
 """
@@ -20,6 +21,7 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.integration.brokers import BrokerNode, amqp_url
 from tests.integration.test_daemon_harness import (
     DaemonProcess,
     JobQueues,
@@ -28,6 +30,7 @@ from tests.integration.test_daemon_harness import (
     job_slots,
     scripted,
 )
+from truba.local import ThreadedFaultProxy
 from truba.pipes.broker import redact
 from truba.wire import TaskMessage
 
@@ -207,3 +210,40 @@ async def test_daemon_metrics_move_as_tasks_run_promtool_accepts_them_and_a_job_
         assert (
             ended["too-slow"] == "timeout" and ended["crashes"] == "crashed" and ended["raises"] == "failed"
         )
+
+
+async def test_a_broker_connection_cut_under_a_daemon_counts_a_reconnect_and_tasks_go_on(
+    rabbit_nodes: list[BrokerNode],
+    fault_proxy: Callable[[BrokerNode], ThreadedFaultProxy],
+    tmp_path: Path,
+) -> None:
+    node = rabbit_nodes[0]
+    proxy = fault_proxy(node)
+    via_proxy = amqp_url(proxy.host, proxy.port)
+    queues = JobQueues(f"reconnect-{secrets.token_hex(3)}", [node.url])
+    await queues.declare()
+    try:
+        async with scripted([via_proxy], tmp_path) as (scheduler, start_daemon):
+            daemon = start_daemon("d-cut", 1, "--metrics", "127.0.0.1:0", "--broker-heartbeat", "1")
+            await eventually(lambda: scheduler.connected("d-cut"), what="daemon connected")
+            await eventually(lambda: metrics_address(daemon), what="metrics served")
+            address = metrics_address(daemon)
+            assert address is not None
+            scheduler.assign("d-cut", job_slots(queues, "tests.handlers.basic:echo", 1))
+            await queues.submit(TaskMessage("before", 1))
+            await queues.collect(["before"], timeout=30)
+            broker = redact(via_proxy)
+            connects = "truba_daemon_broker_connects_total"
+            found = await scrape_until(address, lambda f: value(f, connects, broker=broker) == 1, "connected")
+
+            assert proxy.cut() >= 1  # every connection through the proxy reset under the daemon
+            await queues.submit(TaskMessage("after", 2))
+            await queues.collect(["after"], timeout=30)
+            found = await scrape_until(
+                address, lambda f: (value(f, connects, broker=broker) or 0) >= 2, "reconnected"
+            )
+            assert value(found, "truba_daemon_attempts_total", job=queues.job_id, outcome="ok") == 2
+            confirmed = value(found, "truba_daemon_broker_confirms_total", broker=broker, result="ok")
+            assert confirmed is not None and confirmed >= 2, dump_logs(tmp_path)
+    finally:
+        await queues.delete()
