@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from tests.waiting import eventually
+from truba.daemon import task_events
 from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.metrics_http import metrics_listen, metrics_server
 from truba.daemon.task_events import sampled
@@ -166,9 +167,10 @@ def test_metrics_given_a_port_alone_listen_on_loopback() -> None:
 
 
 async def test_at_info_the_life_of_a_troubled_long_or_sampled_task_is_written_once_it_is_settled_and_no_other(
-    running: Running, caplog: pytest.LogCaptureFixture
+    running: Running, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert sampled("ok-32") and not any(sampled(t) for t in ("ok-1", "bad", "slow"))
+    monkeypatch.setattr(task_events, "LONG_ATTEMPT", 0.5)  # far above an echo, even on a busy machine
     caplog.handler.addFilter(ContextFilter())
     with caplog.at_level(logging.INFO, logger="truba.daemon"):
         running.assign(1, 1, "tests.handlers.basic:behave")
@@ -176,7 +178,7 @@ async def test_at_info_the_life_of_a_troubled_long_or_sampled_task_is_written_on
             TaskMessage("ok-1", ["ok", 1]),
             TaskMessage("ok-32", ["ok", 2]),  # sampled
             TaskMessage("bad", ["raise", "no"]),  # failed
-            TaskMessage("slow", ["sleep", 0.15]),  # long enough to be written whatever happens
+            TaskMessage("slow", ["sleep", 0.5]),  # long enough to be written whatever happens
         )
         await eventually(
             lambda: running.broker.messages(running.queues.tasks) == [], timeout=20, what="acked"
