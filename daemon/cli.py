@@ -15,6 +15,7 @@ import signal
 from truba import logs
 from truba.channel import default_scheduler
 from truba.daemon.daemon import PREFETCH_EXTRA, Daemon, DaemonConfig
+from truba.daemon.metrics_http import metrics_listen, metrics_server
 from truba.daemon.sizing import default_slots
 from truba.daemon.terms import SlotPolicy
 
@@ -110,6 +111,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--broker-heartbeat", type=float, default=10.0, metavar="SECONDS", help="AMQP heartbeat"
     )
+    parser.add_argument(
+        "--metrics",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (default: off; a PORT alone"
+        " listens on 127.0.0.1)",
+    )
     logs.add_arguments(parser)
 
 
@@ -151,12 +159,26 @@ def main(args: argparse.Namespace) -> int:
     if isinstance(config, str):
         log.error("daemon.bad_args", extra={"error": config})
         return 2
+    if args.metrics is not None:
+        try:
+            metrics_listen(args.metrics)
+        except ValueError as exc:
+            log.error("daemon.bad_args", extra={"error": f"--metrics: {exc}"})
+            return 2
     logs.bind_process(daemon_id=config.daemon_id)
-    return asyncio.run(_serve(config))
+    return asyncio.run(_serve(config, args.metrics))
 
 
-async def _serve(config: DaemonConfig) -> int:
+async def _serve(config: DaemonConfig, metrics: str | None = None) -> int:
     daemon = Daemon(config)
+    server = None
+    if metrics is not None:
+        server = metrics_server(daemon.metrics, metrics)
+        try:
+            await server.start()
+        except RuntimeError as exc:
+            log.error("daemon.metrics.failed", extra={"error": str(exc)})
+            return 1
     loop = asyncio.get_running_loop()
 
     def on_signal(signum: signal.Signals) -> None:
@@ -169,5 +191,9 @@ async def _serve(config: DaemonConfig) -> int:
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, on_signal, signum)
-    await daemon.run()
+    try:
+        await daemon.run()
+    finally:
+        if server is not None:
+            await server.close()
     return 0

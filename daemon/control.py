@@ -55,8 +55,17 @@ class SchedulerLink:
         self.daemon = daemon
         self.backoff = backoff or RECONNECT_BACKOFF
         self.connected = asyncio.Event()
+        self.connects = 0
+        """Connect streams the scheduler welcomed (more than one: it reconnected)."""
+        self.heartbeats = 0
+        """Heartbeats sent."""
         self._heartbeat_interval = 2.0
         self._nudged = asyncio.Event()
+
+    @property
+    def is_connected(self) -> bool:
+        """The stream is up and the scheduler welcomed us."""
+        return self.connected.is_set()
 
     def nudge(self) -> None:
         """Sends a heartbeat now instead of at the next interval (e.g. the daemon started draining)."""
@@ -99,6 +108,7 @@ class SchedulerLink:
                     await asyncio.wait_for(self._nudged.wait(), self._heartbeat_interval)
                 self._nudged.clear()
                 outbox.put_nowait(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
+                self.heartbeats += 1
 
         async with open_channel(self.address, self.credentials) as channel:
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
@@ -131,6 +141,7 @@ class SchedulerLink:
         kind = message.WhichOneof("kind")
         if kind == "welcome":
             self._heartbeat_interval = message.welcome.heartbeat_interval or 2.0
+            self.connects += 1
             log.info(
                 "daemon.scheduler.connected",
                 extra={"scheduler": self.address, "brokers": len(message.welcome.brokers)},

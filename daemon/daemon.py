@@ -24,10 +24,12 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from truba.daemon.allow import is_allowed
+from truba.daemon.broker_meter import metered
 from truba.daemon.control import SchedulerLink
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.job_pipes import JobPipes, Wanted, open_job_pipes
 from truba.daemon.launch import Launcher, Spawn
+from truba.daemon.metrics import DaemonMetrics
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
@@ -81,7 +83,15 @@ class Daemon:
     def __init__(self, config: DaemonConfig, *, brokers: BrokerFactory | None = None) -> None:
         """``brokers`` opens the link to a broker the scheduler lists (default: RabbitMQ)."""
         self.config = config
-        self._open_broker = brokers or default_brokers(config.daemon_id, heartbeat=config.broker_heartbeat)
+        self.metrics = DaemonMetrics(config.daemon_id)
+        """Its Prometheus registry (served by ``truba daemon --metrics``)."""
+        self._open_broker = metered(
+            brokers
+            or default_brokers(
+                config.daemon_id, heartbeat=config.broker_heartbeat, on_connect=self.metrics.broker_connected
+            ),
+            self.metrics,
+        )
         self.link = SchedulerLink(config.scheduler, self)
         self._launcher: Launcher = ForkServer() if config.fork_server else Spawn()
         self._slots = [SlotProcess(i, self._launcher) for i in range(config.slots)]
@@ -100,6 +110,7 @@ class Daemon:
         self._stop = asyncio.Event()
         self._draining = False
         self._now = False
+        self.metrics.watch(self)
 
     @property
     def draining(self) -> bool:
@@ -140,6 +151,10 @@ class Daemon:
             spans=spans,
             spans_dropped=dropped,
         )
+
+    def slot_use(self) -> tuple[int, int]:
+        """``(slots, busy slots)`` now (for the metrics)."""
+        return self.config.slots, sum(s.busy for s in self._stats.values())
 
     def _jobs_here(self) -> set[str]:
         return set(self._runners) | {r.job_id for r in self._closing}
@@ -288,6 +303,8 @@ class Daemon:
 
         def closed(_: asyncio.Task[None]) -> None:
             self._closing.pop(runner, None)
+            if runner.job_id not in self._jobs_here():  # it left this daemon: its series go
+                self.metrics.forget(runner.job_id)
             self._changed.set()
 
         task.add_done_callback(closed)
@@ -327,6 +344,7 @@ class Daemon:
             window=window,
             stop_timeout=self.config.stop_confirm_timeout,
             spans=self._spans.for_job(job_id),
+            meter=self.metrics.job(job_id),
         )
         log.info(
             "daemon.job.opened",

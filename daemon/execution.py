@@ -43,6 +43,7 @@ from truba.daemon.spans import (
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import MIB, AttemptEnd, Ending, Limits, supervised
 from truba.daemon.task_endings import TaskEndings
+from truba.daemon.task_events import TaskEvents
 from truba.daemon.terms import JobTerms
 from truba.logs import bind
 from truba.pipes.base import Delivery
@@ -50,6 +51,12 @@ from truba.wire import ResultMessage, TaskMessage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+FAILED_HOW: Final = {
+    Ending.TIMED_OUT: "timeout",
+    Ending.OUT_OF_MEMORY: "out_of_memory",
+    Ending.DIED: "crashed",
+}
+"""The outcome of an attempt that ended without a reply and was not interrupted."""
 _UNBOUND: Final = contextlib.nullcontext()
 """The log context of a lone task: its caller bound it already, for the task's whole life."""
 
@@ -66,6 +73,7 @@ class Execution:
         returns: Returns,
         daemon_id: str,
         spans: JobSpans | None = None,
+        events: TaskEvents | None = None,
     ) -> None:
         self.terms = terms
         self.crew = crew
@@ -75,6 +83,8 @@ class Execution:
         self.daemon_id = daemon_id
         self.spans = spans or unrecorded()
         """Each attempt's span, for the scheduler's timeline (:mod:`truba.daemon.spans`)."""
+        self.events = events or TaskEvents()
+        """Each task's life told: log events and the job's metrics."""
         self.task_seconds: float | None = None
         """Recent handler seconds per task (an EWMA; None until a task ended)."""
 
@@ -124,6 +134,7 @@ class Execution:
         replied = True  # so far every one did
         back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
         try:
+            self.events.started(slot, admitted)
             handing = way.hand_over(slot, terms.entry, admitted)
             handed, value = await supervised(slot, handing, limits, worker.interrupt, what=way.what)
             if not way.streams:  # the slot is done with them all
@@ -144,9 +155,12 @@ class Execution:
                         error = end.reply.error.type if end.reply and end.reply.error else ""
                         spans.attempt(task.task_id, slot.index, start, ended_at, outcome, spent + 1, error)
                         continue
+                    if replied:  # the slot is started afresh (one process, whatever it held)
+                        self.events.slot_restarted(end.ending)
                     replied = False
                     if end.ending is Ending.INTERRUPTED:  # back, unspent
                         spans.attempt(task.task_id, slot.index, start, ended_at, PREEMPTED, spent + 1)
+                        self.events.ended(task.task_id, "preempted", end.seconds, spent + 1)
                         self.stats.preempted += 1
                         if back is None:
                             back = []
@@ -190,10 +204,7 @@ class Execution:
         task = delivery.message
         self.stats.waiting += 1
         try:
-            log.debug(
-                "daemon.task.received",
-                extra={"redelivered": delivery.redelivered, "attempts": task.attempts},
-            )
+            self.events.received(task.task_id, delivery.redelivered, task.attempts)
             settings = self.terms.settings
             admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
             if admission.verdict is Verdict.GIVE_UP:
@@ -228,9 +239,11 @@ class Execution:
         self.stats.ran(end.seconds)
         seconds = self.task_seconds
         self.task_seconds = reply.seconds if seconds is None else seconds + (reply.seconds - seconds) / 8
-        log.debug("daemon.task.finished", extra={"ok": reply.ok, "seconds": round(end.seconds, 6)})
         settings = self.terms.settings
-        if not reply.ok and retries_on(reply.kinds, settings, attempt):
+        retried = not reply.ok and retries_on(reply.kinds, settings, attempt)
+        how = "retried" if retried else "ok" if reply.ok else "failed"
+        self.events.ended(task.task_id, how, end.seconds, attempt)
+        if retried:
             delay = retry_delay(attempt, settings.backoff)
             error = reply.error.type if reply.error is not None else ""
             log.info(
@@ -253,6 +266,7 @@ class Execution:
         assert end.error is not None
         gives_up, spent = after_failure(spent, self.terms.settings.max_attempts)
         fields = {"attempt": spent, "seconds": round(end.seconds, 3), "error": end.error.message}
+        self.events.ended(task.task_id, FAILED_HOW[end.ending], end.seconds, spent)
         if end.ending is Ending.TIMED_OUT:
             self.stats.timed_out += 1
             log.info("daemon.task.timed_out", extra=fields)
@@ -272,10 +286,12 @@ class Execution:
         reason = None
         if policy.max_tasks and slot.tasks_run >= policy.max_tasks:
             reason = {"reason": "max_tasks", "tasks": slot.tasks_run}
+            self.events.slot_recycled("max_tasks")
         elif policy.memory_soft:
             used = slot.private_memory()
             if used is not None and used > policy.memory_soft:
                 reason = {"reason": "memory", "private_mib": round(used / MIB, 1)}
+                self.events.slot_recycled("soft_memory")
         if reason is None:
             return
         log.info("daemon.slot.recycled", extra={**reason, "pid": slot.pid})

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol, TypeVar, final
 
@@ -23,7 +22,6 @@ from truba.daemon.supervise import AttemptEnd, Ending, Interrupt, Limits, superv
 from truba.pipes.base import Delivery
 from truba.wire import TaskMessage
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
 Admitted = tuple[Delivery[TaskMessage], int]
 """A delivery to run now, with the attempts its task has spent."""
@@ -65,9 +63,7 @@ class OneTask:
     def hand_over(
         self, slot: SlotProcess, handler: str, admitted: list[Admitted]
     ) -> Coroutine[Any, Any, SlotReply]:
-        delivery, spent = admitted[0]
-        task = delivery.message
-        log.debug("daemon.task.started", extra={"attempt": spent + 1, "pid": slot.pid})
+        task = admitted[0][0].message
         return slot.run(handler, task.task_id, task.payload)
 
     def end(self, index: int, count: int, handed: AttemptEnd, value: SlotReply | None) -> AttemptEnd:
@@ -98,7 +94,6 @@ async def next_reply(
     """How the next task of a chunk ended: its reply if the slot sent it already (taken at
     once, even if an interrupt came meanwhile: finished work is kept), else what the watch
     over the wait for it says."""
-    log.debug("daemon.task.started", extra={"attempt": spent + 1, "pid": slot.pid})
     reply = slot.reply_at_hand()
     if reply is not None:
         return AttemptEnd(Ending.REPLIED, reply.seconds, reply)
@@ -116,7 +111,6 @@ class Batch:
     def hand_over(
         self, slot: SlotProcess, handler: str, admitted: list[Admitted]
     ) -> Coroutine[Any, Any, list[SlotReply]]:
-        log.debug("daemon.batch.started", extra={"size": len(admitted), "pid": slot.pid})
         return slot.run_batch(handler, [(d.message.task_id, d.message.payload) for d, _ in admitted])
 
     def end(self, index: int, count: int, handed: AttemptEnd, value: list[SlotReply] | None) -> AttemptEnd:

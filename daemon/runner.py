@@ -31,6 +31,7 @@ from truba.daemon.crew import Crew, Worker
 from truba.daemon.execution import Execution
 from truba.daemon.intake import HOLD_LIMIT, Intake
 from truba.daemon.job_pipes import JobPipes
+from truba.daemon.metrics import JobMeter
 from truba.daemon.returns import CANCEL_QUIET, Returns
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
@@ -38,6 +39,7 @@ from truba.daemon.spans import JobSpans
 from truba.daemon.stats import JobStats
 from truba.daemon.supervise import Ending, Limits, supervised
 from truba.daemon.task_endings import TaskEndings
+from truba.daemon.task_events import TaskEvents
 from truba.daemon.terms import JobTerms, SlotPolicy
 from truba.handlers import BatchSpec
 from truba.logs import bind
@@ -77,7 +79,9 @@ class JobRunner:
         cancel_quiet: float = CANCEL_QUIET,
         hold_limit: float = HOLD_LIMIT,
         spans: JobSpans | None = None,
+        meter: JobMeter | None = None,
     ) -> None:
+        """``meter``: the job's metrics on this daemon (None: none)."""
         self.job_id = job_id
         self.daemon_id = daemon_id
         self.pipes = pipes
@@ -87,7 +91,8 @@ class JobRunner:
         self.stop_timeout = stop_timeout
         self.terms = JobTerms(handler, settings or JobSettings(), policy or SlotPolicy())
         self.crew = Crew(target)
-        self.ends = TaskEndings(pipes, daemon_id, self.stats, self.crew.broke)
+        self.events = TaskEvents(meter)
+        self.ends = TaskEndings(pipes, daemon_id, self.stats, self.crew.broke, self.events)
         self.returns = Returns(
             job_id,
             pipes.tasks,
@@ -108,7 +113,14 @@ class JobRunner:
             hold_limit=hold_limit,
         )
         self.execution = Execution(
-            self.terms, self.crew, self.stats, self.ends, self.returns, daemon_id, spans
+            self.terms,
+            self.crew,
+            self.stats,
+            self.ends,
+            self.returns,
+            daemon_id,
+            spans,
+            self.events,
         )
         self._specs: dict[str, BatchSpec | None] = {}
         """What a slot said about each handler this runner ran (None: one task at a time)."""

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import deque
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.stats import JobStats
+from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
@@ -47,6 +49,7 @@ class TaskEndings:
     daemon_id: str
     stats: JobStats
     on_broken: Callable[[PipeError], None] = lambda exc: None
+    events: TaskEvents = field(default_factory=TaskEvents)
     _queue: deque[_End] = field(default_factory=deque)
     """Ends published and not yet acked, oldest first."""
     _acker: asyncio.Task[None] | None = None
@@ -105,6 +108,7 @@ class TaskEndings:
         dead = await self.pipes.dead.send(record)
         result = ResultMessage(task.task_id, False, None, error, self.daemon_id, 0.0, attempts, gave_up=True)
         told = await self.pipes.results.send(result)
+        self.events.gave_up()
         self._settle_later(delivery, [dead, told], "give-up", False, gave_up=True)
 
     def _settle_later(
@@ -116,7 +120,9 @@ class TaskEndings:
         *,
         gave_up: bool,
     ) -> None:
-        self._queue.append(_End(delivery, confirmations, what, ok, gave_up))
+        # The acker logs each end in the context of the task it belongs to (its ids, its slot):
+        # not in that of the task it was started for.
+        self._queue.append(_End(delivery, confirmations, what, ok, gave_up, contextvars.copy_context()))
         if self._acker is None or self._acker.done():
             self._acker = asyncio.create_task(self._ack_in_order())
 
@@ -125,42 +131,36 @@ class TaskEndings:
         while self._queue:
             end = self._queue[0]
             try:
-                await self._ack_when_confirmed(end.delivery, end.confirmations, end.what, end.ok, end.gave_up)
+                await self._ack_when_confirmed(end)
             finally:
                 self._queue.popleft()
                 self._fewer.set()
 
-    async def _ack_when_confirmed(
-        self,
-        delivery: Delivery[TaskMessage],
-        confirmations: Sequence[Confirmation],
-        what: str,
-        ok: bool | None,
-        gave_up: bool,
-    ) -> None:
+    async def _ack_when_confirmed(self, end: _End) -> None:
+        delivery, what, ok, context = end.delivery, end.what, end.ok, end.context
+        task_id = delivery.message.task_id
         started = time.perf_counter()
         try:
-            for confirmation in confirmations:
+            for confirmation in end.confirmations:
                 await confirmation
         except PipeError as exc:
-            log.warning("daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
+            context.run(log.warning, "daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
+            context.run(self.events.settled, task_id, what, acked=False)
             await self._open.wait()
             await settle(delivery.reject(requeue=True))
             if exc.retryable:
                 self.on_broken(exc)
             return
-        log.debug(
-            "daemon.task.confirmed", extra={"what": what, "confirm_seconds": time.perf_counter() - started}
-        )
+        context.run(self.events.confirmed, task_id, what, time.perf_counter() - started)
         if ok is True:
             self.stats.done += 1
         elif ok is False:
             self.stats.failed += 1
-        if gave_up:
+        if end.gave_up:
             self.stats.gave_up += 1
         await self._open.wait()
         await settle(delivery.ack())
-        log.debug("daemon.task.acked", extra={"what": what})
+        context.run(self.events.settled, task_id, what, acked=True)
 
     async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
         """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""
@@ -184,6 +184,8 @@ class _End:
     what: str
     ok: bool | None
     gave_up: bool
+    context: contextvars.Context
+    """The log context it was published in (its task's ids)."""
 
 
 async def settle(action: Awaitable[None]) -> None:

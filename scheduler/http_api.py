@@ -29,7 +29,7 @@ import hmac
 import importlib.resources
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Final, final
+from typing import Any, Final
 
 import grpc
 from aiohttp import web
@@ -160,46 +160,3 @@ def _bearer(token: str) -> Middleware:
         return await handler(request)
 
     return check
-
-
-@final
-class HttpServer:
-    """Serves :func:`build_app` on ``HOST:PORT`` (port 0 picks a free one) until closed."""
-
-    def __init__(self, app: web.Application, listen: str) -> None:
-        host, colon, port = listen.rpartition(":")
-        if not (host and colon and port.isdigit()):
-            raise ValueError(f"http: must look like HOST:PORT, got {listen!r}")
-        self._app = app
-        self._host = host.strip("[]")
-        self._port = int(port)
-        self._runner: web.AppRunner | None = None
-        self.port = 0
-
-    async def start(self) -> None:
-        """Binds and serves; raises ``RuntimeError`` naming the address when it cannot bind."""
-        runner = web.AppRunner(self._app, access_log=None, handle_signals=False)
-        await runner.setup()
-        site = web.TCPSite(runner, self._host, self._port, reuse_port=False)
-        try:
-            await site.start()
-        except OSError as exc:
-            await runner.cleanup()
-            raise RuntimeError(
-                f"cannot serve http on {self._host}:{self._port}: {exc.strerror or exc}"
-            ) from None
-        self._runner = runner
-        sockets = [s for s in runner.addresses if isinstance(s, tuple)]
-        self.port = int(sockets[0][1]) if sockets else self._port
-        log.info("sched.http.started", extra={"listen": self.address})
-
-    @property
-    def address(self) -> str:
-        """``HOST:PORT`` being served."""
-        return f"{self._host}:{self.port}"
-
-    async def close(self) -> None:
-        """Stops serving. Idempotent."""
-        if self._runner is not None:
-            runner, self._runner = self._runner, None
-            await runner.cleanup()

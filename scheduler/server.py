@@ -49,7 +49,7 @@ from truba.scheduler.view import ClusterView
 from truba.scheduler.wiring import open_admin
 
 if TYPE_CHECKING:  # aiohttp costs every `truba` command half a second at import: load it when serving
-    from truba.scheduler.http_api import HttpServer
+    from truba.http_server import HttpServer
 
 log = logging.getLogger(__name__)
 
@@ -251,10 +251,14 @@ class Scheduler:
         if config.http is not None:
             history = JobHistory(view)
             _background(history.run(), stack, name="job-history")
-            from truba.scheduler.http_api import HttpServer, build_app
+            from truba.http_server import HttpServer
+            from truba.scheduler.http_api import build_app
 
-            app = build_app(view, self.metrics, history, token=config.token, timeline=timeline)
-            http = HttpServer(app, config.http)
+            http = HttpServer(
+                build_app(view, self.metrics, history, token=config.token, timeline=timeline),
+                config.http,
+                started="sched.http.started",
+            )
             await http.start()
             stack.push_async_callback(http.close)
             self._http = http

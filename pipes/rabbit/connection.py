@@ -241,12 +241,20 @@ class RabbitBroker:
     """
 
     def __init__(
-        self, url: str, *, name: str, heartbeat: float = 10.0, connect_timeout: float = 10.0
+        self,
+        url: str,
+        *,
+        name: str,
+        heartbeat: float = 10.0,
+        connect_timeout: float = 10.0,
+        on_connect: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_connect(url)`` hears of every connection opened (the first one and each reconnect)."""
         self.url = url
         self.name = name
         self.heartbeat = heartbeat
         self.connect_timeout = connect_timeout
+        self.on_connect = on_connect
         self._connection: RabbitConnection | None = None
         self._lock = asyncio.Lock()
         self._closed = False
@@ -263,6 +271,8 @@ class RabbitBroker:
                 self._connection = await RabbitConnection.open(
                     self.url, name=self.name, heartbeat=self.heartbeat, timeout=self.connect_timeout
                 )
+                if self.on_connect is not None:
+                    self.on_connect(self.url)
             return self._connection
 
     async def sender(
@@ -320,11 +330,19 @@ def _name(queue: str | QueueSpec) -> str:
     return queue.name if isinstance(queue, QueueSpec) else queue
 
 
-def rabbit_brokers(name: str, *, heartbeat: float = 10.0, connect_timeout: float = 10.0) -> BrokerFactory:
+def rabbit_brokers(
+    name: str,
+    *,
+    heartbeat: float = 10.0,
+    connect_timeout: float = 10.0,
+    on_connect: Callable[[str], None] | None = None,
+) -> BrokerFactory:
     """A :data:`~truba.pipes.broker.BrokerFactory` of :class:`RabbitBroker` links that introduce
-    themselves as ``name``."""
+    themselves as ``name`` (``on_connect(url)``: each connection opened, e.g. for a metric)."""
 
     def open_link(url: str) -> Broker:
-        return RabbitBroker(url, name=name, heartbeat=heartbeat, connect_timeout=connect_timeout)
+        return RabbitBroker(
+            url, name=name, heartbeat=heartbeat, connect_timeout=connect_timeout, on_connect=on_connect
+        )
 
     return open_link

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+
+import pytest
 
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.stats import JobStats
 from truba.daemon.task_endings import TaskEndings
+from truba.logs import ContextFilter, bind
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
 
@@ -54,3 +58,32 @@ async def test_the_runner_holds_acks_back_while_it_cancels_its_consumer() -> Non
     await runner.close()
     assert tasks.held_at_cancel is True
     assert runner.ends._open.is_set()
+
+
+async def test_confirm_and_ack_events_name_their_own_task_when_acks_queue_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # The acker runs in the background for many ends in a row: each end's events must carry the
+    # ids of its own task (they carried those of the task the acker was started for).
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: FakeSender[ResultMessage] = FakeSender()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
+    caplog.handler.addFilter(ContextFilter())
+    with caplog.at_level(logging.DEBUG, logger="truba.daemon"):
+        for task_id, slot in (("t1", 0), ("t2", 1), ("t3", 0)):
+            tasks.push(TaskMessage(task_id, 1))
+            delivery = await tasks.get(0.0)
+            assert delivery is not None
+            with bind(task_id=task_id, slot=slot):
+                await ends.complete(delivery, ResultMessage(task_id, True, 1, None, "d1", 0.0, 1))
+        results.confirm()
+        assert await ends.wait(0, 1.0)
+    told = [(r.message, r.task_id, r.slot) for r in caplog.records]  # type: ignore[attr-defined]
+    assert told == [
+        ("daemon.task.confirmed", "t1", 0),
+        ("daemon.task.acked", "t1", 0),
+        ("daemon.task.confirmed", "t2", 1),
+        ("daemon.task.acked", "t2", 1),
+        ("daemon.task.confirmed", "t3", 0),
+        ("daemon.task.acked", "t3", 0),
+    ]
