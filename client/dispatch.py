@@ -20,7 +20,6 @@ the ``on_drained`` callbacks, again each time it drains after more submissions.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from typing import final
@@ -110,16 +109,6 @@ class Dispatch:
                     future.set_exception(exc)
         finally:
             await stream.aclose()
-
-    async def stop(self) -> None:
-        """Stops the pump (the job stops here); calls still waiting are cancelled."""
-        if self._pump is not None:
-            self._pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._pump
-        for future in self._calls.values():
-            future.cancel()
-        self._calls.clear()
 
     # -- drained -------------------------------------------------------------------------------
 

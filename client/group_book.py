@@ -63,13 +63,16 @@ class GroupBook:
         """Appends one record to the group's log (``sync``: and fsyncs it)."""
         if self._directory is None:
             return
-        self._directory.mkdir(parents=True, exist_ok=True)
         data = pickle.dumps(record, protocol=pickle.HIGHEST_PROTOCOL)
-        with open(self._directory / f"{name}.log", "ab") as file:
-            file.write(_SIZE.pack(len(data)) + data)
-            file.flush()
-            if sync:
-                os.fsync(file.fileno())
+        try:
+            self._directory.mkdir(exist_ok=True)  # not the job's folder: gone once the job ended
+            with open(self._directory / f"{name}.log", "ab") as file:
+                file.write(_SIZE.pack(len(data)) + data)
+                file.flush()
+                if sync:
+                    os.fsync(file.fileno())
+        except OSError as exc:  # the job ended (cancelled: its folder is gone), or the disk failed
+            log.warning("client.groups.write_failed", extra={"group": name, "error": str(exc)})
 
 
 def _read(path: Path) -> GroupState:

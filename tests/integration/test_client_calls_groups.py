@@ -14,6 +14,7 @@ import pytest
 
 from tests.integration.processes import running
 from truba.client import Client, Outcome, TaskFailed
+from truba.proto.v1 import jobs_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -95,3 +96,31 @@ async def test_a_group_callback_fires_once_across_a_client_killed_and_resumed(
     assert sum(not o.ok for o in outcomes) == 20
     assert fired == {"big": 1}  # small fired before the kill: never again
     assert not (journal / job_id).exists()
+
+
+async def test_an_open_job_with_every_outcome_in_is_drained_in_watch_and_on_drained(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    async with running(tmp_path / "cluster", rabbit_nodes, daemons=1, slots=2) as cluster:
+        async with Client(cluster.address, journal=tmp_path / "journal") as client:
+            job = await client.create_job("tests.handlers.basic:square", name="drained")
+            drained = asyncio.Event()
+            job.on_drained(drained.set)
+            job.on_result(lambda outcome: None)
+            events = job.watch()
+
+            async def first_drained() -> int:
+                async for event in events:
+                    if event.kind == jobs_pb2.JOB_EVENT_KIND_DRAINED:
+                        return event.job.counts.submitted
+                raise AssertionError("the watch ended without a drained event")
+
+            watching = asyncio.create_task(first_drained())
+            for n in range(20):
+                await job.submit(n)
+            async with asyncio.timeout(60):
+                await drained.wait()
+                assert await watching == 20
+            await events.aclose()
+            await job.close()
+            await asyncio.wait_for(job.wait(), 60)

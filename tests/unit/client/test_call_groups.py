@@ -13,7 +13,7 @@ import pytest
 
 from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
 from tests.unit.client.test_client_job import collect, serve
-from truba.client import CallTimeout, Client, GroupClosed, Job, Outcome, TaskFailed
+from truba.client import CallTimeout, Client, GroupClosed, Job, Outcome, TaskCancelled, TaskFailed
 from truba.pipes.fake_broker import FakeBroker
 
 
@@ -204,3 +204,21 @@ async def test_on_drained_fires_when_every_outcome_is_in_and_again_after_more(
         await job.close()
         await asyncio.wait_for(job.wait(), 10)
     assert count == [5, 6]  # once per drain, not once per outcome; none after close
+
+
+async def test_a_call_waiting_when_its_job_is_cancelled_raises_task_cancelled(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        job = await client.create_job("h:f", frames=False)
+        group = job.group("g")
+        await group.submit(1)
+        await group.close()
+        waiting = asyncio.create_task(job.call(5, timeout=10))  # no daemon: it waits
+        await asyncio.sleep(0.1)
+        await job.cancel()
+        with pytest.raises(TaskCancelled):
+            await waiting
+        (outcome,) = await group.wait(timeout=5)
+        assert outcome.cancelled
+    assert not (tmp_path / job.id).exists()  # the group's log did not bring the folder back
