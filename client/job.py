@@ -249,6 +249,8 @@ class Job(Generic[P, R]):
         await self._calls.close(self.submitted)
         log.info("client.job.closed", extra={"job_id": self.id, "submitted": self.submitted})
         # The task pipe stays open: a broker found lost later gets its tasks sent again.
+        if not len(self._journal):  # every outcome taken already (by calls, groups): no stream to end it
+            await self._finish()
 
     def results(self) -> AsyncGenerator[Outcome[R], None]:
         """Yields one outcome per task, in arrival order, until the job is done.

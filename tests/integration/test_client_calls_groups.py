@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+import truba
 from tests.integration.processes import running
 from truba.client import Client, Outcome, TaskFailed
 from truba.proto.v1 import jobs_pb2
@@ -124,3 +125,16 @@ async def test_an_open_job_with_every_outcome_in_is_drained_in_watch_and_on_drai
             await events.aclose()
             await job.close()
             await asyncio.wait_for(job.wait(), 60)
+
+
+async def test_the_blocking_job_calls_too(rabbit_nodes: list[object], tmp_path: Path) -> None:
+    async with running(tmp_path / "cluster", rabbit_nodes, daemons=1, slots=2) as cluster:
+
+        def use() -> tuple[list[int], bool]:
+            with truba.connect(cluster.address, journal=tmp_path / "journal") as client:
+                job = client.create_job("tests.handlers.basic:square", name="blocking-calls")
+                values = [job.call(n, timeout=60) for n in range(5)]
+                job.close()  # every outcome went to a call: the job finishes here
+                return values, job.done
+
+        assert await asyncio.wait_for(asyncio.to_thread(use), 120) == ([0, 1, 4, 9, 16], True)

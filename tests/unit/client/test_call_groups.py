@@ -15,6 +15,7 @@ from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
 from tests.unit.client.test_client_job import collect, serve
 from truba.client import CallTimeout, Client, GroupClosed, Job, Outcome, TaskCancelled, TaskFailed
 from truba.pipes.fake_broker import FakeBroker
+from truba.proto.v1 import jobs_pb2
 
 
 @pytest.fixture
@@ -222,3 +223,13 @@ async def test_a_call_waiting_when_its_job_is_cancelled_raises_task_cancelled(
         (outcome,) = await group.wait(timeout=5)
         assert outcome.cancelled
     assert not (tmp_path / job.id).exists()  # the group's log did not bring the folder back
+
+
+async def test_a_job_whose_calls_took_every_outcome_finishes_at_close(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("h:f", frames=False)
+    async with serving(scheduler, job):
+        assert await job.call(4, timeout=10) == 8
+    await job.close()  # nobody iterates results(): close itself ends the job
+    assert job.ended and scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_FINISHED
