@@ -124,13 +124,15 @@ class Group(Generic[R]):
 
     # -- the dispatcher's side -----------------------------------------------------------------
 
-    def took(self, outcome: Outcome) -> None:
-        """A member's outcome came (the dispatcher): written, then the journal may forget it."""
+    def took(self, outcome: Outcome) -> bool:
+        """A member's outcome came (the dispatcher): written, then the journal may forget it.
+        False if the group had it already (it came again after a crash)."""
         if outcome.task_id in self._state.outcomes:
-            return
+            return False
         self._book.append(self.name, ("outcome", outcome))
         self._state.outcomes[outcome.task_id] = outcome
         self._check()
+        return True
 
     def _check(self) -> None:
         state = self._state
@@ -174,7 +176,10 @@ class Groups:
         self._pump = pump
         self._groups: dict[str, Group[Any]] = {}
         self._members: dict[str, Group[Any]] = {}
-        """Members without an outcome, by task."""
+        """Members whose outcome is still to be taken here, by task (their group's log may have
+        it already: a crash after writing it and before the journal forgot the task)."""
+        self._pending = 0
+        """Members without an outcome in their group."""
         self._names = itertools.count(1)
         for state in book.load():
             self._add(state)
@@ -182,12 +187,14 @@ class Groups:
     def _add(self, state: GroupState) -> Group[Any]:
         group: Group[Any] = Group(state, self._book, self._submit, self._joined)
         self._groups[state.name] = group
-        for task_id in group.pending:
+        for task_id in state.members:
             self._members[task_id] = group
+        self._pending += len(group.pending)
         return group
 
     def _joined(self, task_id: str, group: Group[Any]) -> None:
         self._members[task_id] = group
+        self._pending += 1
         self._pump()
 
     def group(self, name: str | None = None) -> Group[Any]:
@@ -212,12 +219,13 @@ class Groups:
         group = self._members.pop(outcome.task_id, None)
         if group is None:
             return False
-        group.took(outcome)
-        return True
+        if group.took(outcome):
+            self._pending -= 1
+        return True  # taken again if its group had it already (the journal had not forgotten it)
 
     def waiting(self) -> bool:
         """Some group member still waits for its outcome."""
-        return bool(self._members)
+        return self._pending > 0
 
     async def settled(self) -> None:
         """Waits (:data:`SETTLE_SECONDS` at most) for group callbacks still running."""

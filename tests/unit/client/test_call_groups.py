@@ -233,3 +233,27 @@ async def test_a_job_whose_calls_took_every_outcome_finishes_at_close(
         assert await job.call(4, timeout=10) == 8
     await job.close()  # nobody iterates results(): close itself ends the job
     assert job.ended and scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_FINISHED
+
+
+async def test_a_group_outcome_that_comes_again_after_a_crash_is_not_given_to_results(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    first = client_for(scheduler, journal=tmp_path)
+    await first.connect()
+    job = await first.create_job("h:f", frames=False)
+    group = job.group("g")
+    member = await group.submit(4)
+    await group.close()
+    # The client died after writing the member's outcome to the group's log, before the journal
+    # forgot its task: the result is still on the broker, and comes again after the resume.
+    group.took(Outcome(member, ok=True, value=8))
+    await job.detach()
+    (daemon,) = daemons_for(scheduler, job, handler=double_or_fail)
+    await daemon.run()
+    async with client_for(scheduler, journal=tmp_path) as second:
+        resumed = await second.resume(job.id)
+        again = resumed.group("g")
+        assert again.done and [o.value for o in await again.wait(timeout=5)] == [8]
+        await resumed.close()
+        assert await collect(resumed.results()) == []  # taken by the group, not given out twice
+        assert resumed.ended
