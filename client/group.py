@@ -136,7 +136,7 @@ class Group(Generic[R]):
 
     def _check(self) -> None:
         state = self._state
-        if not state.closed or len(state.outcomes) < len(set(state.members)):
+        if not state.closed or len(state.outcomes) < len(state.members):  # task ids are unique
             return
         if not self._done.is_set():
             self._done.set()
