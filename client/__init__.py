@@ -1,6 +1,7 @@
 """truba.client: the SDK: create jobs, submit tasks, take one outcome per task."""
 
 from truba.client.blocking import BlockingClient, BlockingJob, BlockingJobHandle, connect
+from truba.client.call import CallTimeout
 from truba.client.callback import CallbackFailed
 from truba.client.client import Client
 from truba.client.dead_letters import DeadLetter, DeadLetters, DeadReason
@@ -12,6 +13,7 @@ from truba.client.errors import (
     SchedulerError,
     Unavailable,
 )
+from truba.client.group import Group, GroupClosed
 from truba.client.job import Job
 from truba.client.job_handle import JobHandle
 from truba.client.options import ClientOptions, JobOptions
@@ -22,6 +24,7 @@ __all__ = [
     "BlockingClient",
     "BlockingJob",
     "BlockingJobHandle",
+    "CallTimeout",
     "CallbackFailed",
     "Client",
     "ClientOptions",
@@ -29,6 +32,8 @@ __all__ = [
     "DeadLetters",
     "DeadReason",
     "FailedPrecondition",
+    "Group",
+    "GroupClosed",
     "InvalidArgument",
     "Job",
     "JobHandle",

@@ -86,6 +86,10 @@ class BlockingJob(Generic[P, R]):
         """Sends one task; returns its id (see Job.submit)."""
         return self._run(self._job.submit(payload, priority=priority, timeout=timeout))
 
+    def call(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> R:
+        """Submits one task and returns its result or raises its error (see Job.call)."""
+        return self._run(self._job.call(payload, priority=priority, timeout=timeout))
+
     def close(self) -> None:
         """No more tasks."""
         self._run(self._job.close())

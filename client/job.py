@@ -30,11 +30,15 @@ from typing import Any, Final, Generic, cast
 
 from typing_extensions import TypeVar
 
+from truba.client.call import call_task
 from truba.client.callback import OutcomeCallback, deliver
 from truba.client.dead_letters import DeadLetters, DeadRetry, read_dead_letters
+from truba.client.dispatch import Dispatch, DrainedCallback
 from truba.client.encoded import EncodedTask
 from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
+from truba.client.group import Group, Groups
+from truba.client.group_book import GroupBook
 from truba.client.interrupt import DETACH_SECONDS, left_running
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
@@ -115,11 +119,15 @@ class Job(Generic[P, R]):
             self._status,
             frames=results.frames,
             sizer=sizer,
-            on_taken=self._progress.poke,
+            on_taken=self._taken,
             poll=self._check_state,
             on_done=self._finish,
             reach=reach,
         )
+        self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
+        self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)
+        self._dispatch.claims.append(self._groups.claim)
+        self._dispatch.waiting = self._groups.waiting
 
     async def __aenter__(self) -> Job:
         return self
@@ -156,6 +164,11 @@ class Job(Generic[P, R]):
     async def _start(self) -> None:
         """Sends what no broker confirmed (a resumed job), and starts watching for lost brokers."""
         await self._submission.start()
+        self._dispatch.pump()  # a resumed job's groups wait for their outcomes
+
+    def _taken(self) -> None:
+        self._progress.poke()
+        self._dispatch.taken()
 
     @property
     def id(self) -> str:
@@ -236,6 +249,8 @@ class Job(Generic[P, R]):
         await self._calls.close(self.submitted)
         log.info("client.job.closed", extra={"job_id": self.id, "submitted": self.submitted})
         # The task pipe stays open: a broker found lost later gets its tasks sent again.
+        if not len(self._journal):  # every outcome taken already (by calls, groups): no stream to end it
+            await self._finish()
 
     def results(self) -> AsyncGenerator[Outcome[R], None]:
         """Yields one outcome per task, in arrival order, until the job is done.
@@ -290,6 +305,31 @@ class Job(Generic[P, R]):
         mappable = cast(Mappable, self)  # submits payloads of type P only, which map passes through
         return map_outcomes(mappable, payloads, ordered=ordered, window=window, progress=progress)
 
+    async def call(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> R:
+        """Submits one task and returns its result, or raises its error (``TaskFailed``,
+        ``TaskGaveUp``, ``TaskCancelled``); many calls may wait at once (truba.client.call).
+
+        Raises:
+            CallTimeout: no outcome within ``timeout`` seconds; the task goes on, and its
+                outcome goes to ``results()``/``on_result`` once.
+        """
+        outcome = await call_task(self._dispatch, lambda: self.submit(payload, priority=priority), timeout)
+        return cast(R, outcome.result())
+
+    def group(self, name: str | None = None) -> Group[R]:
+        """A group of this job's tasks that completes as one (truba.client.group): a new one, or
+        the one called ``name`` (found again after a resume)."""
+        return self._groups.group(name)
+
+    def groups(self) -> list[Group[R]]:
+        """The job's groups, open or done (after a resume: those its journal has)."""
+        return self._groups.all()
+
+    def on_drained(self, callback: DrainedCallback) -> None:
+        """Calls ``callback()`` whenever the job drains: open, and every task submitted has its
+        outcome taken; again each time it drains after more submissions."""
+        self._dispatch.on_drained(callback)
+
     async def _check_state(self) -> None:
         """No result for a while: was the job cancelled elsewhere, or has it a problem?"""
         try:
@@ -317,6 +357,7 @@ class Job(Generic[P, R]):
         await self._stream.close()
         await self._submission.close()
         await self._calls.finish()
+        await self._groups.settled()  # a group callback still running must not lose its mark
         await self._drop_journal()
         log.info("client.job.finished", extra={"job_id": self.id, "outcomes": self.received})
 

@@ -9,6 +9,12 @@ more members of a frame are at hand, and when the stream ends; the journal's for
 written first (a crash in between brings the results back as duplicates, which are dropped). A
 consumer that raises or stops at an outcome puts it back: its result is requeued and comes again.
 
+A router (:attr:`ResultStream.route`, :mod:`truba.client.dispatch`) sees every outcome first: one
+it claims (a ``call``'s or a group's task) is taken there and never yielded. While nobody iterates
+the stream and a router waits for outcomes, it runs the stream itself as a *pump*
+(``outcomes(pump=...)``): the outcomes it does not claim are parked, not taken, and the next
+consumer gets them first. One reader at a time waits on the result pipe (:attr:`_reading`).
+
 The stream ends when the job is closed and every task has its outcome (then the job is finished),
 or when it is cancelled (then every task still without an outcome gets a cancelled one). While
 every broker is unreachable it waits, and raises :class:`~truba.client.errors.Unavailable` once
@@ -17,6 +23,8 @@ that lasted the client's ``unavailable_after`` (the job goes on: resume it later
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -80,17 +88,42 @@ class ResultStream:
         self._unframe = frames
         """The result listener's unframe layer (its stack's handle): says when members of a frame
         are at hand (None: acks are never held back for them)."""
+        self.route: Callable[[Outcome], bool] | None = None
+        """Sees every outcome first; True: it took the outcome (a call's, a group's)."""
+        self.idle: Callable[[], None] | None = None
+        """Called when the last consumer stops iterating (a router may pump again)."""
+        self._consumers = 0
+        """Consumers iterating now (the pump not counted)."""
+        self._parked: collections.deque[Delivery[ResultMessage]] = collections.deque()
+        """Results the pump read and no router claimed: not taken, the next consumer's first."""
+        self._reading = asyncio.Lock()
+        """One reader of the result pipe at a time (a consumer and the pump may overlap)."""
 
-    async def outcomes(self) -> AsyncGenerator[Outcome, None]:
-        """One outcome per task, in arrival order, until the job is done; see :meth:`Job.results`."""
+    async def outcomes(self, *, pump: Callable[[], bool] | None = None) -> AsyncGenerator[Outcome, None]:
+        """One outcome per task, in arrival order, until the job is done; see :meth:`Job.results`.
+
+        ``pump``: run for the router only, while ``pump()`` is true and no consumer iterates;
+        outcomes the router does not claim are parked for the next consumer (nothing is yielded).
+        """
         journal, status = self._journal, self._status
+        if pump is None:
+            self._consumers += 1
         try:
             last_poll = time.monotonic()
             while not (status.closed and not len(journal)) and not status.cancelled:
+                if pump is not None and (self._consumers or not pump()):
+                    return  # a consumer took over, or no call or group waits any more
                 try:
-                    delivery = await self._next_result()
+                    if pump is None and self._parked:
+                        delivery: Delivery[ResultMessage] | None = self._parked.popleft()
+                    else:
+                        delivery = await self._next_result()
+                        if delivery is not None and self._sizer is not None and not delivery.message.gave_up:
+                            self._sizer.observe(delivery.message.seconds)
                 except PipeClosed:
-                    if status.cancelled:  # cancel() closed the pipe under us: cancelled outcomes follow
+                    # cancel() closed the pipe under us (cancelled outcomes follow), or another
+                    # reader finished the job.
+                    if status.cancelled or (status.closed and not len(journal)):
                         break
                     raise
                 if delivery is None:
@@ -106,11 +139,16 @@ class ResultStream:
                     )
                     self._taken.append(delivery)
                     continue
-                if self._sizer is not None and not message.gave_up:
-                    self._sizer.observe(message.seconds)
+                outcome = Outcome.from_message(message)
+                if self.route is not None and self.route(outcome):
+                    await self._take(delivery)
+                    continue
+                if pump is not None:
+                    self._parked.append(delivery)
+                    continue
                 taken = False
                 try:
-                    yield Outcome.from_message(message)
+                    yield outcome
                     taken = True
                 finally:
                     if taken:
@@ -123,11 +161,18 @@ class ResultStream:
                         with contextlib.suppress(PipeError):
                             await delivery.reject(requeue=True)
         finally:
+            if pump is None:
+                self._consumers -= 1
             await self.ack_taken()
+            if pump is None and not self._consumers and self.idle is not None:
+                self.idle()
         if status.cancelled:
             for task_id in journal.outstanding():
-                journal.settle(task_id)
-                yield Outcome.cancelled_task(task_id)
+                cancelled = Outcome.cancelled_task(task_id)
+                if self.route is not None and self.route(cancelled):
+                    journal.settle(task_id)
+                elif pump is None and journal.settle(task_id):
+                    yield cancelled
             return
         await self._on_done()
 
@@ -136,7 +181,8 @@ class ResultStream:
         unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
         if self._taken and not (self._unframe is not None and self._unframe.held):
             await self.ack_taken()
-        return await self._results.get(GET_TIMEOUT)
+        async with self._reading:
+            return await self._results.get(GET_TIMEOUT)
 
     async def _take(self, delivery: Delivery[ResultMessage]) -> None:
         """The application took this outcome: the journal forgets its task; its result is

@@ -21,6 +21,7 @@ class EventKind(enum.Enum):
     SLOTS = "slots"
     IMPORTANCE = "importance"
     PROGRESS = "progress"
+    DRAINED = "drained"
 
 
 @final

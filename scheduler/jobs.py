@@ -35,6 +35,7 @@ _EVENT_KINDS: Final = {
     EventKind.SLOTS: jobs_pb2.JOB_EVENT_KIND_SLOTS,
     EventKind.IMPORTANCE: jobs_pb2.JOB_EVENT_KIND_IMPORTANCE,
     EventKind.PROGRESS: jobs_pb2.JOB_EVENT_KIND_PROGRESS,
+    EventKind.DRAINED: jobs_pb2.JOB_EVENT_KIND_DRAINED,
 }
 
 

@@ -226,6 +226,9 @@ class JobLifecycle:
                 "sched.job.progress", extra={"job_id": job.id, "submitted": submitted, "received": received}
             )
             self.events.publish(job.id, EventKind.PROGRESS)
+            if job.state is JobState.OPEN and received >= submitted > 0:
+                # seed 004's FINQ: nothing queued or running; a client reports (n, n) once per n
+                self.events.publish(job.id, EventKind.DRAINED)
             self._assigner.demand_changed()
 
     async def finish(self, job_id: str) -> Job:

@@ -63,6 +63,10 @@ class _JobEventKindEnumTypeWrapper(_enum_type_wrapper._EnumTypeWrapper[_JobEvent
     JOB_EVENT_KIND_SLOTS: _JobEventKind.ValueType  # 3
     JOB_EVENT_KIND_IMPORTANCE: _JobEventKind.ValueType  # 4
     JOB_EVENT_KIND_PROGRESS: _JobEventKind.ValueType  # 5
+    JOB_EVENT_KIND_DRAINED: _JobEventKind.ValueType  # 6
+    """An open job drained: every task its client submitted has its outcome taken (nothing
+    queued or running); again each time it drains after more submissions.
+    """
 
 class JobEventKind(_JobEventKind, metaclass=_JobEventKindEnumTypeWrapper): ...
 
@@ -73,6 +77,10 @@ JOB_EVENT_KIND_STATE: JobEventKind.ValueType  # 2
 JOB_EVENT_KIND_SLOTS: JobEventKind.ValueType  # 3
 JOB_EVENT_KIND_IMPORTANCE: JobEventKind.ValueType  # 4
 JOB_EVENT_KIND_PROGRESS: JobEventKind.ValueType  # 5
+JOB_EVENT_KIND_DRAINED: JobEventKind.ValueType  # 6
+"""An open job drained: every task its client submitted has its outcome taken (nothing
+queued or running); again each time it drains after more submissions.
+"""
 Global___JobEventKind: _TypeAlias = JobEventKind  # noqa: Y015
 
 class _DeadLetterReason:

@@ -10,6 +10,7 @@ from tests.unit.scheduler.fakes import FakeCluster, ManualClock, no_sleep
 from truba.backoff import Backoff
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
+from truba.scheduler.events import EventKind
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.lifecycle import JobLifecycle
 from truba.scheduler.model import JobState
@@ -142,3 +143,23 @@ async def test_a_cancelled_create_has_its_queues_deleted(world: World) -> None:
     [job_id] = world.janitor.pending()
     assert await world.janitor.reap_within(job_id, timeout=5)
     assert queues_everywhere(world) == set() and list(world.store.list(include_done=True)) == []
+
+
+async def test_an_open_job_whose_client_has_every_outcome_is_drained_for_its_watchers(world: World) -> None:
+    job = await world.jobs.create(HANDLER, 1.0)
+    watch = world.jobs.events.watch(job.id)
+    changes = watch.changes()
+    world.jobs.report_progress(job.id, 3, 2)
+    assert await anext(changes) == [EventKind.PROGRESS]
+    world.jobs.report_progress(job.id, 3, 3)  # nothing queued or running: seed 004's FINQ
+    assert await anext(changes) == [EventKind.PROGRESS, EventKind.DRAINED]
+    world.jobs.report_progress(job.id, 3, 3)  # the same counts again: no event
+    world.jobs.report_progress(job.id, 5, 5)  # drained again after more submissions
+    assert await anext(changes) == [EventKind.PROGRESS, EventKind.DRAINED]
+    world.jobs.close(job.id, 6)
+    world.jobs.report_progress(job.id, 6, 6)  # a closed job finishes instead
+    kinds = await anext(changes)
+    while EventKind.PROGRESS not in kinds:
+        kinds = await anext(changes)
+    assert EventKind.DRAINED not in kinds
+    watch.close()
