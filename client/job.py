@@ -21,12 +21,10 @@ shutdown (finish, cancel, detach).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import shutil
 from collections.abc import AsyncGenerator, AsyncIterable, Coroutine, Iterable, Sequence
 from types import TracebackType
-from typing import Any, Final, Generic, cast
+from typing import Any, Generic, cast
 
 from typing_extensions import TypeVar
 
@@ -40,6 +38,7 @@ from truba.client.framing import FrameSizer
 from truba.client.group import Group, Groups
 from truba.client.group_book import GroupBook
 from truba.client.interrupt import DETACH_SECONDS, left_running
+from truba.client.job_ending import DETACH_PATIENCE, JobEnding
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
 from truba.client.map import MAP_WINDOW, Mappable, map_outcomes
@@ -52,7 +51,6 @@ from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker
-from truba.pipes.errors import PipeError
 from truba.pipes.stacks import ListenStack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.wire import ResultMessage
@@ -60,9 +58,6 @@ from truba.wire import ResultMessage
 log = logging.getLogger(__name__)
 P = TypeVar("P", default=Any)
 """The payload the job's handler takes (Any for a handler given by name)."""
-
-DETACH_PATIENCE: Final = 10.0
-"""Seconds :meth:`Job.detach` waits for outstanding confirms and acks, at most."""
 
 
 class Job(Generic[P, R]):
@@ -93,8 +88,6 @@ class Job(Generic[P, R]):
         self._pickle = info.settings.codec == "pickle"
         """Payloads are pickled (``codec="pickle"``); results are unpickled by the result codec."""
         self._status = JobStatus.of(info)
-        self._finished = False
-        self._detached = False
         self._consumer: asyncio.Task[None] | None = None
         self._calls = JobCalls(jobs, info, reach=reach)
         self._jobs = jobs
@@ -120,14 +113,24 @@ class Job(Generic[P, R]):
             frames=results.frames,
             sizer=sizer,
             on_taken=self._taken,
-            poll=self._check_state,
-            on_done=self._finish,
+            poll=lambda: self._ending.check_state(),
+            on_done=lambda: self._ending.finish(),
             reach=reach,
         )
         self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
         self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)
         self._dispatch.claims.append(self._groups.claim)
         self._dispatch.waiting = self._groups.waiting
+        self._ending = JobEnding(
+            info.id,
+            journal,
+            self._status,
+            self._progress,
+            self._submission,
+            self._stream,
+            self._calls,
+            self._groups,
+        )
 
     async def __aenter__(self) -> Job:
         return self
@@ -203,7 +206,7 @@ class Job(Generic[P, R]):
     @property
     def ended(self) -> bool:
         """Finished, cancelled or detached: this object has no more work to do."""
-        return self._finished or self._status.cancelled or self._detached
+        return self._ending.finished or self._status.cancelled or self._ending.detached
 
     @property
     def journal_path(self) -> str | None:
@@ -250,7 +253,7 @@ class Job(Generic[P, R]):
         log.info("client.job.closed", extra={"job_id": self.id, "submitted": self.submitted})
         # The task pipe stays open: a broker found lost later gets its tasks sent again.
         if not len(self._journal):  # every outcome taken already (by calls, groups): no stream to end it
-            await self._finish()
+            await self._ending.finish()
 
     def results(self) -> AsyncGenerator[Outcome[R], None]:
         """Yields one outcome per task, in arrival order, until the job is done.
@@ -330,43 +333,6 @@ class Job(Generic[P, R]):
         outcome taken; again each time it drains after more submissions."""
         self._dispatch.on_drained(callback)
 
-    async def _check_state(self) -> None:
-        """No result for a while: was the job cancelled elsewhere, or has it a problem?"""
-        try:
-            info = await self._calls.get(patience=False)
-        except Unavailable as exc:
-            # The data plane does not need the scheduler: keep taking outcomes while it is away
-            # (the client tells the outage once).
-            log.debug("client.job.poll_failed", extra={"job_id": self.id, "error": str(exc)})
-            return
-        if info.state == jobs_pb2.JOB_STATE_CANCELLED:
-            log.info("client.job.cancelled_elsewhere", extra={"job_id": self.id})
-            await self._stop_local()
-            await self._drop_journal()
-        if info.problem:
-            log.warning("client.job.problem", extra={"job_id": self.id, "problem": info.problem})
-
-    async def _finish(self) -> None:
-        """Every outcome is taken: stop here, and have the scheduler delete the job's queues."""
-        if self._finished:
-            return
-        self._finished = True
-        await self._progress.stop()
-        await self._submission.watch.stop()  # before FinishJob deletes the marker: it must not come back
-        # Stop consuming first: the scheduler is about to delete the queue under the consumer.
-        await self._stream.close()
-        await self._submission.close()
-        await self._calls.finish()
-        await self._groups.settled()  # a group callback still running must not lose its mark
-        await self._drop_journal()
-        log.info("client.job.finished", extra={"job_id": self.id, "outcomes": self.received})
-
-    async def _drop_journal(self) -> None:
-        """Every task has its outcome (or the job is cancelled): the journal has no more use."""
-        await self._journal.close()
-        if self._journal.directory is not None:
-            shutil.rmtree(self._journal.directory, ignore_errors=True)
-
     async def cancel(self) -> None:
         """Cancels the job: the scheduler deletes its queues, and every task without an outcome
         yet gets a cancelled one (``results()`` yields them, then ends).
@@ -375,21 +341,7 @@ class Job(Generic[P, R]):
         them again after the scheduler deleted them. If the scheduler cannot be told (the
         error is raised), the journal is kept: call ``cancel()`` again.
         """
-        await self._stop_local()
-        await self._calls.cancel()
-        await self._drop_journal()
-        log.info("client.job.cancelled", extra={"job_id": self.id, "pending": self.outstanding})
-
-    async def _stop_local(self) -> None:
-        """No more work on the job here: reporter, loss watch and pipes stop; outcomes still
-        missing become cancelled ones."""
-        self._status.cancelled = True
-        self._status.closed = True
-        await self._progress.stop()
-        await self._submission.watch.stop()
-        await self._submission.close()
-        with contextlib.suppress(PipeError):
-            await self._stream.close()
+        await self._ending.cancel()
 
     async def detach(self, patience: float = DETACH_PATIENCE) -> None:
         """Stops this client's work on the job and leaves it to :meth:`Client.resume`: the
@@ -398,21 +350,7 @@ class Job(Generic[P, R]):
         Outcomes taken are acked, and confirms awaited are waited for, ``patience`` seconds at
         most: a confirm not in by then only means :meth:`Client.resume` sends the task again.
         """
-        if self._detached:
-            return
-        self._detached = True
-        await self._progress.stop()
-        await self._submission.watch.stop()
-        try:
-            async with asyncio.timeout(patience):
-                await self._stream.ack_taken()
-                await self._submission.settle_confirms()
-        except (TimeoutError, Unavailable) as exc:
-            log.info("client.job.detach_unsettled", extra={"job_id": self.id, "error": repr(exc)})
-        await self._submission.close()
-        with contextlib.suppress(PipeError):
-            await self._stream.close()
-        await self._journal.close()
+        await self._ending.detach(patience)
 
     async def set_importance(self, importance: float) -> None:
         """Changes the job's weight in the fair share; slots move at once.
