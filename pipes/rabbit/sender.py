@@ -12,6 +12,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
+from truba.pipes import delay
 from truba.pipes.backpressure import Window
 from truba.pipes.base import Confirmation, fail_confirmation
 from truba.pipes.broker import SENT_AT, redact
@@ -40,7 +41,10 @@ class RabbitSender:
     ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender). With
     ``copy_to``, the broker also puts every message in that queue (a ``BCC`` header: RabbitMQ's
     sender-selected distribution), and confirms it only once both queues have it. Every message
-    carries the header :data:`SENT_AT` (whole seconds, this host's clock).
+    carries the header :data:`SENT_AT` (whole seconds, this host's clock). With ``delayed``,
+    each message is a due time and a body (:func:`truba.pipes.delay.with_due`): the body is
+    published into the broker's delay levels with the delay left at publish time (or straight
+    to the queue when nothing is left); :meth:`unconfirmed` lists it with its due time.
 
     Hot path: a message is published on the channel's aiormq layer with prebuilt properties
     (no aio-pika ``Message`` per message), and the confirm timeout is one timer for the oldest
@@ -59,8 +63,10 @@ class RabbitSender:
         priority: int | None = None,
         *,
         copy_to: str | None = None,
+        delayed: bool = False,
     ) -> None:
         self._channel = channel
+        self._delayed = delayed
         self._priority = priority
         self._copy_to: list[FieldValue] | None = None if copy_to is None else [copy_to]
         self._stamp = 0
@@ -136,12 +142,18 @@ class RabbitSender:
         properties = spec.Basic.Properties(
             delivery_mode=PERSISTENT, priority=self._priority, headers=self._headers
         )
+        exchange, routing_key = "", self._queue
+        if self._delayed:
+            due, body = delay.split_due(body)
+            left = due - time.time()
+            if delay.delay_bits(left) > 0:
+                exchange, routing_key = delay.top_exchange(), delay.routing_key(left, self._queue)
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed
                 # The confirm wait is bounded by _check_deadline (one timer for all messages).
                 await channel.basic_publish(
-                    body, routing_key=self._queue, properties=properties, mandatory=True
+                    body, exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True
                 )
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})
