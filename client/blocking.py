@@ -7,19 +7,24 @@
             print(outcome.result())
 
 An event loop runs in a background thread owned by the client; every call hands a coroutine to
-it and waits for the answer.
+it and waits for the answer. Ctrl-C in a call ends it with KeyboardInterrupt and leaves the job
+running and resumable (see :mod:`truba.client.interrupt`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
 from truba.client.client import Client
+from truba.client.dead_letters import DeadLetters
+from truba.client.interrupt import DETACH_SECONDS, left_running, run_on
 from truba.client.job import Job, P
+from truba.client.job_handle import JobHandle
 from truba.client.map import MAP_WINDOW
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, R
@@ -37,7 +42,12 @@ class _LoopThread:
         self._thread.start()
 
     def run(self, coro: Coroutine[object, object, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+        return run_on(self.loop, coro)
+
+    @property
+    def running(self) -> bool:
+        """The loop still takes calls (not stopped by the client's close)."""
+        return not self.loop.is_closed()
 
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -74,11 +84,11 @@ class BlockingJob(Generic[P, R]):
 
     def submit(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> str:
         """Sends one task; returns its id (see Job.submit)."""
-        return self._runner.run(self._job.submit(payload, priority=priority, timeout=timeout))
+        return self._run(self._job.submit(payload, priority=priority, timeout=timeout))
 
     def close(self) -> None:
         """No more tasks."""
-        self._runner.run(self._job.close())
+        self._run(self._job.close())
 
     def results(self) -> Iterator[Outcome[R]]:
         """One outcome per task, until the job is done (see Job.results)."""
@@ -97,14 +107,39 @@ class BlockingJob(Generic[P, R]):
         return self._iterate(self._job.map(payloads, ordered=ordered, window=window, progress=progress))
 
     def _iterate(self, stream: AsyncGenerator[Outcome[R], None]) -> Iterator[Outcome[R]]:
+        interrupted = False
         try:
             while True:
                 try:
-                    yield self._runner.run(_next(stream))
+                    yield self._run(_next(stream))
                 except StopAsyncIteration:
                     return
+                except (KeyboardInterrupt, SystemExit):
+                    interrupted = True  # the stream was cancelled: it is over
+                    raise
         finally:  # the caller stopped early: the outcome it did not take comes again
-            self._runner.run(stream.aclose())
+            if not interrupted and self._runner.running:  # (after close: the job was detached)
+                self._runner.run(stream.aclose())
+
+    def _run(self, coro: Coroutine[object, object, T]) -> T:
+        """Runs a call of the job; Ctrl-C ends it and leaves the job running and resumable."""
+        try:
+            return self._runner.run(coro)
+        except (KeyboardInterrupt, SystemExit):
+            if not self._job.ended:
+                self._runner.run(self._job.detach(DETACH_SECONDS))
+                left_running(self._job.id, resumable=self._job.journal_path is not None)
+            raise
+
+    def __enter__(self) -> BlockingJob:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """Closes the job after the block (no more tasks); cancels it if the block raised an
+        Exception; leaves it running (resumable) on KeyboardInterrupt (see Job.__aexit__)."""
+        self._runner.run(self._job.__aexit__(exc_type, exc, tb))
 
     def detach(self) -> None:
         """Leaves the job to a later ``resume`` (see Job.detach)."""
@@ -120,7 +155,7 @@ class BlockingJob(Generic[P, R]):
 
     def wait(self) -> None:
         """Waits until the on_result consumer delivered every outcome."""
-        self._runner.run(self._job.wait())
+        self._run(self._job.wait())
 
     def cancel(self) -> None:
         """Cancels the job; tasks without an outcome get a cancelled one (see Job.cancel)."""
@@ -134,9 +169,57 @@ class BlockingJob(Generic[P, R]):
         """Changes the job's weight in the fair share (see Job.set_importance)."""
         self._runner.run(self._job.set_importance(importance))
 
+    def dead_letters(self, *, limit: int = 0, bodies: bool = False) -> DeadLetters:
+        """The job's given-up, poison and refused tasks, also after it ends (see Job.dead_letters)."""
+        return self._runner.run(self._job.dead_letters(limit=limit, bodies=bodies))
 
-async def _next(stream: AsyncGenerator[Outcome, None]) -> Outcome:
+    def retry_dead(self) -> dict[str, str]:
+        """Sends the dead tasks again as new tasks of the open job; ``{old id: new id}`` (see
+        Job.retry_dead)."""
+        return self._runner.run(self._job.retry_dead())
+
+
+async def _next(stream: AsyncGenerator[T, None]) -> T:
     return await anext(stream)
+
+
+class BlockingJobHandle:
+    """A job by id (see :meth:`truba.Client.job`), driven from synchronous code."""
+
+    def __init__(self, handle: JobHandle, runner: _LoopThread) -> None:
+        self._handle = handle
+        self._runner = runner
+
+    @property
+    def id(self) -> str:
+        """The job's id."""
+        return self._handle.id
+
+    def info(self) -> jobs_pb2.Job:
+        """The scheduler's current view of the job."""
+        return self._runner.run(self._handle.info())
+
+    def watch(self) -> Iterator[jobs_pb2.JobEvent]:
+        """The job now, then on every change until it ends."""
+        stream = self._handle.watch()
+        try:
+            while True:
+                try:
+                    yield self._runner.run(_next(stream))
+                except StopAsyncIteration:
+                    return
+        finally:
+            if self._runner.running:
+                with contextlib.suppress(RuntimeError):  # still running after an interrupt
+                    self._runner.run(stream.aclose())
+
+    def set_importance(self, importance: float) -> jobs_pb2.Job:
+        """Changes the job's weight in the fair share."""
+        return self._runner.run(self._handle.set_importance(importance))
+
+    def cancel(self) -> jobs_pb2.Job:
+        """Cancels the job (see JobHandle.cancel)."""
+        return self._runner.run(self._handle.cancel())
 
 
 class BlockingClient:
@@ -185,6 +268,10 @@ class BlockingClient:
     def resume(self, job_id: str) -> BlockingJob:
         """Picks up a job from this client's journal (see Client.resume)."""
         return BlockingJob(self._runner.run(self._client.resume(job_id)), self._runner)
+
+    def job(self, job_id: str) -> BlockingJobHandle:
+        """A job by id, from any process (see Client.job)."""
+        return BlockingJobHandle(self._client.job(job_id), self._runner)
 
     def get_job_info(self, job_id: str) -> jobs_pb2.Job:
         """The scheduler's view of a job (see Client.get_job_info)."""

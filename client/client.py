@@ -29,13 +29,17 @@ import grpc.aio
 
 from truba.channel import Credentials, open_channel
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
-from truba.client.errors import FailedPrecondition, NoJournal, map_rpc_errors
+from truba.client.errors import NoJournal, NotFound, map_rpc_errors
 from truba.client.framing import FrameSizer
 from truba.client.handler_name import handler_name
+from truba.client.interrupt import left_running
 from truba.client.job import Job, P
+from truba.client.job_handle import JobHandle, check_job_id, drop_journal
 from truba.client.journal import Journal, MemoryJournal, TaskJournal
+from truba.client.notices import quiet_by_default
 from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, check_names, settings_pb
 from truba.client.outcome import R
+from truba.client.reach import ONCE_TIMEOUT, UNAVAILABLE_AFTER, Reach
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker, BrokerFactory
@@ -70,6 +74,7 @@ class Client:
         tls_ca: str | os.PathLike[str] | None = None,
         brokers: BrokerFactory | None = None,
         scheduler: jobs_pb2_grpc.JobServiceAsyncStub | None = None,
+        unavailable_after: float = UNAVAILABLE_AFTER,
     ) -> None:
         """A client of the scheduler at ``address``.
 
@@ -90,9 +95,14 @@ class Client:
                 :class:`truba.pipes.testing.FakeBroker` in tests).
             scheduler: the JobService to call (default: a gRPC stub on a channel to ``address``;
                 an in-process fake in tests).
+            unavailable_after: seconds any wait that needs the cluster lasts at most while the
+                scheduler, or every broker, is unreachable; then it raises Unavailable (the
+                job goes on in the cluster: resume it later). Default 60.
         """
+        quiet_by_default()
         self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
+        self._reach = Reach(unavailable_after, scheduler=address)
         self._journal_root = None if journal is False else Path(journal or default_journal_dir())
         self._journal_fsync = check_policy(journal_fsync)
         self._max_unconfirmed = max_unconfirmed
@@ -185,8 +195,10 @@ class Client:
             name=name,
             settings=settings,
         )
-        with map_rpc_errors():
-            response = await self.jobs.CreateJob(request)
+        stub = self.jobs
+        response = await self._reach.call(
+            "CreateJob", lambda t: stub.CreateJob(request, timeout=t), repeatable=False
+        )
         job = await self._open(response.job, response.brokers, resumed=False)
         log.info("client.job.created", extra={"job_id": job.id, "handler": request.handler})
         return job
@@ -200,20 +212,24 @@ class Client:
         take the outcomes.
 
         Raises:
-            NotFound: the scheduler does not know the job.
-            FailedPrecondition: the job already ended.
+            InvalidArgument: ``job_id`` is not a job id (checked before any path is made of it).
+            NotFound: the scheduler does not know the job, or it has ended (finished or
+                cancelled: its journal here, if any, is removed).
             NoJournal: this client keeps no journal, or none for this job.
             SpoolLocked: another client has the job's journal open.
+            Unavailable: the scheduler did not answer within ``unavailable_after``.
         """
+        check_job_id(job_id)
         if self._journal_root is None:
             raise NoJournal("resume needs a journal: this client was made with journal=False")
         folder = self.journal_path(job_id)
-        if not folder.is_dir():
-            raise NoJournal(f"job {job_id}: no journal at {folder}: nothing to resume here")
         info = await self.get_job_info(job_id)
         if info.state in (jobs_pb2.JOB_STATE_FINISHED, jobs_pb2.JOB_STATE_CANCELLED):
+            drop_journal(folder)
             state = jobs_pb2.JobState.Name(info.state)
-            raise FailedPrecondition("FAILED_PRECONDITION", f"job {job_id} has ended ({state})")
+            raise NotFound("NOT_FOUND", f"job {job_id} has ended ({state}): nothing to resume")
+        if not folder.is_dir():
+            raise NoJournal(f"job {job_id}: no journal at {folder}: nothing to resume here")
         cluster = await self.cluster_info()
         job = await self._open(info, cluster.brokers, resumed=True)
         log.info(
@@ -221,6 +237,17 @@ class Client:
             extra={"job_id": job_id, "outstanding": job.outstanding, "submitted": job.submitted},
         )
         return job
+
+    def job(self, job_id: str) -> JobHandle:
+        """A job by id, from any process: ``info()``, ``watch()``, ``set_importance(x)``,
+        ``cancel()``. Outcomes go only to the owner of the job's journal (:meth:`resume`).
+
+        Raises:
+            InvalidArgument: ``job_id`` is not a job id. (An unknown id: NotFound, at the first call.)
+        """
+        check_job_id(job_id)
+        journal = None if self._journal_root is None else self._journal_root / job_id
+        return JobHandle(self.jobs, job_id, reach=self._reach, journal=journal)
 
     async def _open(self, info: jobs_pb2.Job, brokers: Sequence[common_pb2.Broker], *, resumed: bool) -> Job:
         """The client's side of a job: its journal, task stacks and result listener."""
@@ -266,6 +293,7 @@ class Client:
             links=links,
             marker=queues.marker,
             max_payload=self._max_payload,
+            reach=self._reach,
             resumed=resumed,
             sizer=None if frames is None else FrameSizer(frames),
         )
@@ -279,25 +307,33 @@ class Client:
 
     async def get_job_info(self, job_id: str) -> jobs_pb2.Job:
         """The scheduler's view of a job. Raises NotFound for an unknown id."""
-        with map_rpc_errors():
-            return await self.jobs.GetJob(jobs_pb2.GetJobRequest(job_id=job_id))
+        request = jobs_pb2.GetJobRequest(job_id=check_job_id(job_id))
+        stub = self.jobs
+        return await self._reach.call("GetJob", lambda t: stub.GetJob(request, timeout=t))
 
     async def list_jobs(self, include_done: bool = False) -> list[jobs_pb2.Job]:
-        """The scheduler's jobs, ended ones too with ``include_done``."""
+        """The scheduler's jobs, ended ones too with ``include_done``; asked once (a listing is
+        not worth waiting for a restarting scheduler), at most 5 s.
+
+        Raises:
+            Unavailable: the scheduler did not answer.
+        """
+        request = jobs_pb2.ListJobsRequest(include_done=include_done)
         with map_rpc_errors():
-            response = await self.jobs.ListJobs(jobs_pb2.ListJobsRequest(include_done=include_done))
+            response = await self.jobs.ListJobs(request, timeout=min(ONCE_TIMEOUT, self._reach.patience))
         return list(response.jobs)
 
     async def cluster_info(self) -> jobs_pb2.ClusterInfo:
         """Brokers, connected daemons and their slots, as the scheduler sees them."""
-        with map_rpc_errors():
-            return await self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
+        request = jobs_pb2.GetClusterInfoRequest()
+        stub = self.jobs
+        return await self._reach.call("GetClusterInfo", lambda t: stub.GetClusterInfo(request, timeout=t))
 
     def journal_path(self, job_id: str) -> Path:
         """The folder holding a job's tasks until their outcomes (see ``journal``)."""
         if self._journal_root is None:
             raise NoJournal("this client keeps no journal (journal=False)")
-        return self._journal_root / job_id
+        return self._journal_root / check_job_id(job_id)
 
     def _link(self, url: str) -> Broker:
         """The shared link to one broker (one AMQP connection per broker per client)."""
@@ -308,11 +344,13 @@ class Client:
         return link
 
     async def close(self) -> None:
-        """Detaches jobs still going (see :meth:`Job.detach`: :meth:`resume` picks them up),
-        closes broker connections and the scheduler channel; idempotent."""
+        """Detaches jobs still going (see :meth:`Job.detach`: :meth:`resume` picks them up; one
+        line says so per job), closes broker connections and the scheduler channel; idempotent."""
         jobs = [job for job in self._jobs if not job.ended]
         self._jobs.clear()
         await asyncio.gather(*(job.detach() for job in jobs), return_exceptions=True)
+        for job in jobs:
+            left_running(job.id, resumable=job.journal_path is not None)
         await asyncio.gather(*(link.close() for link in self._links.values()), return_exceptions=True)
         self._links.clear()
         if self._channel is not None:

@@ -32,7 +32,8 @@ class FailedPrecondition(SchedulerError):
 
 
 class Unavailable(SchedulerError, ConnectionError):
-    """The scheduler (or a broker it needs) cannot be reached."""
+    """The scheduler, or every broker, could not be reached within the client's
+    ``unavailable_after`` seconds (``code`` is ``UNAVAILABLE`` or ``DEADLINE_EXCEEDED``)."""
 
 
 _BY_CODE: dict[grpc.StatusCode, type[SchedulerError]] = {
@@ -40,6 +41,7 @@ _BY_CODE: dict[grpc.StatusCode, type[SchedulerError]] = {
     grpc.StatusCode.NOT_FOUND: NotFound,
     grpc.StatusCode.FAILED_PRECONDITION: FailedPrecondition,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: Unavailable,  # no answer in time: as good as unreachable
 }
 
 

@@ -25,7 +25,8 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncGenerator, AsyncIterable, Coroutine, Iterable, Sequence
-from typing import Any, Generic, cast
+from types import TracebackType
+from typing import Any, Final, Generic, cast
 
 from typing_extensions import TypeVar
 
@@ -34,6 +35,7 @@ from truba.client.dead_letters import DeadLetters, DeadRetry, read_dead_letters
 from truba.client.encoded import EncodedTask
 from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
+from truba.client.interrupt import DETACH_SECONDS, left_running
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
 from truba.client.map import MAP_WINDOW, Mappable, map_outcomes
@@ -41,6 +43,7 @@ from truba.client.options import check_importance
 from truba.client.outcome import Outcome, R
 from truba.client.pickled import pickled_payload
 from truba.client.progress import ProgressReporter
+from truba.client.reach import Reach
 from truba.client.result_stream import ResultStream
 from truba.client.submission import Submission
 from truba.pipes.base import Sender
@@ -53,6 +56,9 @@ from truba.wire import ResultMessage
 log = logging.getLogger(__name__)
 P = TypeVar("P", default=Any)
 """The payload the job's handler takes (Any for a handler given by name)."""
+
+DETACH_PATIENCE: Final = 10.0
+"""Seconds :meth:`Job.detach` waits for outstanding confirms and acks, at most."""
 
 
 class Job(Generic[P, R]):
@@ -75,6 +81,7 @@ class Job(Generic[P, R]):
         links: Sequence[Broker],
         marker: str,
         max_payload: int,
+        reach: Reach,
         resumed: bool = False,
         sizer: FrameSizer | None = None,
     ) -> None:
@@ -85,7 +92,7 @@ class Job(Generic[P, R]):
         self._finished = False
         self._detached = False
         self._consumer: asyncio.Task[None] | None = None
-        self._calls = JobCalls(jobs, info)
+        self._calls = JobCalls(jobs, info, reach=reach)
         self._jobs = jobs
         self._progress = ProgressReporter(jobs, info.id, self._counts)
         self._submission = Submission(
@@ -99,6 +106,7 @@ class Job(Generic[P, R]):
             priorities=info.settings.priorities,
             max_payload=max_payload,
             on_change=self._progress.poke,
+            reach=reach,
         )
         self._stream = ResultStream(
             info.id,
@@ -110,7 +118,40 @@ class Job(Generic[P, R]):
             on_taken=self._progress.poke,
             poll=self._check_state,
             on_done=self._finish,
+            reach=reach,
         )
+
+    async def __aenter__(self) -> Job:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        """``async with await client.create_job(...) as job:`` closes the job after the block
+        (no more tasks), cancels it if the block raised an Exception (it would be left half
+        submitted), and leaves it running and resumable on KeyboardInterrupt, cancellation, or
+        an unreachable cluster (Unavailable): then it is the user's to resume or cancel."""
+        if self.ended:
+            return
+        if exc_type is None:
+            await self.close()
+        elif issubclass(exc_type, Exception) and not issubclass(exc_type, Unavailable):
+            await self.cancel_quietly(exc)
+        else:
+            await self.detach(DETACH_SECONDS)
+            left_running(self.id, resumable=self.journal_path is not None)
+
+    async def cancel_quietly(self, cause: BaseException | None) -> None:
+        """Cancels the job because of ``cause`` (raised on to the caller); a cancel that fails
+        is logged and the job left running, resumable, so that ``cause`` is what the caller sees."""
+        try:
+            await self.cancel()
+        except Exception as exc:
+            log.warning("client.job.cancel_failed", extra={"job_id": self.id, "error": repr(exc)})
+            await self.detach(DETACH_SECONDS)
+            left_running(self.id, resumable=self.journal_path is not None)
+            return
+        log.info("client.job.cancelled_on_error", extra={"job_id": self.id, "error": repr(cause)})
 
     async def _start(self) -> None:
         """Sends what no broker confirmed (a resumed job), and starts watching for lost brokers."""
@@ -252,10 +293,11 @@ class Job(Generic[P, R]):
     async def _check_state(self) -> None:
         """No result for a while: was the job cancelled elsewhere, or has it a problem?"""
         try:
-            info = await self._calls.get()
+            info = await self._calls.get(patience=False)
         except Unavailable as exc:
-            # The data plane does not need the scheduler: keep taking outcomes while it is away.
-            log.warning("client.scheduler.unreachable", extra={"job_id": self.id, "error": str(exc)})
+            # The data plane does not need the scheduler: keep taking outcomes while it is away
+            # (the client tells the outage once).
+            log.debug("client.job.poll_failed", extra={"job_id": self.id, "error": str(exc)})
             return
         if info.state == jobs_pb2.JOB_STATE_CANCELLED:
             log.info("client.job.cancelled_elsewhere", extra={"job_id": self.id})
@@ -308,16 +350,24 @@ class Job(Generic[P, R]):
         with contextlib.suppress(PipeError):
             await self._stream.close()
 
-    async def detach(self) -> None:
+    async def detach(self, patience: float = DETACH_PATIENCE) -> None:
         """Stops this client's work on the job and leaves it to :meth:`Client.resume`: the
-        journal keeps every task without an outcome; the job goes on in the cluster. Idempotent."""
+        journal keeps every task without an outcome; the job goes on in the cluster. Idempotent.
+
+        Outcomes taken are acked, and confirms awaited are waited for, ``patience`` seconds at
+        most: a confirm not in by then only means :meth:`Client.resume` sends the task again.
+        """
         if self._detached:
             return
         self._detached = True
         await self._progress.stop()
         await self._submission.watch.stop()
-        await self._stream.ack_taken()
-        await self._submission.settle_confirms()
+        try:
+            async with asyncio.timeout(patience):
+                await self._stream.ack_taken()
+                await self._submission.settle_confirms()
+        except (TimeoutError, Unavailable) as exc:
+            log.info("client.job.detach_unsettled", extra={"job_id": self.id, "error": repr(exc)})
         await self._submission.close()
         with contextlib.suppress(PipeError):
             await self._stream.close()

@@ -2,30 +2,25 @@
 (:class:`JobCalls`: close, finish, cancel, importance, watch, info).
 
 The calls go through the JobService stub the client hands in (never through the client itself);
-gRPC errors come out as :mod:`truba.client.errors`. FinishJob is the one call retried: a job
-whose outcomes are all taken keeps asking an unreachable scheduler (it may be restarting) to
-delete its queues, waiting with :data:`FINISH_BACKOFF`, for at most :data:`FINISH_PATIENCE`
-seconds.
+gRPC errors come out as :mod:`truba.client.errors`. Each is bounded by the client's
+:class:`~truba.client.reach.Reach`: while the scheduler is unreachable (it may be restarting) a
+call is tried again, for at most the client's ``unavailable_after`` seconds, then raises
+Unavailable.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Final, final
 
-from truba.backoff import Backoff
 from truba.client.errors import Unavailable, map_rpc_errors
+from truba.client.reach import Reach
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
 log = logging.getLogger(__name__)
-
-FINISH_PATIENCE: Final = 120.0
-"""Seconds a finished job keeps asking an unreachable scheduler to delete its queues."""
-FINISH_BACKOFF: Final = Backoff(attempts=None, base=0.2, cap=5.0)
-"""Waits between FinishJob tries while the scheduler is unreachable (bounded by the patience)."""
 
 _OPEN: Final = (jobs_pb2.JOB_STATE_UNSPECIFIED, jobs_pb2.JOB_STATE_OPEN)
 
@@ -49,20 +44,10 @@ class JobStatus:
 class JobCalls:
     """One job's calls to the scheduler; :attr:`info` is the scheduler's latest word on it."""
 
-    def __init__(
-        self,
-        jobs: jobs_pb2_grpc.JobServiceAsyncStub,
-        info: jobs_pb2.Job,
-        *,
-        backoff: Backoff = FINISH_BACKOFF,
-        patience: float = FINISH_PATIENCE,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, jobs: jobs_pb2_grpc.JobServiceAsyncStub, info: jobs_pb2.Job, *, reach: Reach) -> None:
         self._jobs = jobs
         self.info = info
-        self._backoff = backoff
-        self._patience = patience
-        self._clock = clock
+        self._reach = reach
 
     @property
     def job_id(self) -> str:
@@ -70,59 +55,59 @@ class JobCalls:
 
     async def close(self, submitted: int) -> jobs_pb2.Job:
         """CloseJob: no more tasks than ``submitted``."""
-        with map_rpc_errors():
-            self.info = await self._jobs.CloseJob(
-                jobs_pb2.CloseJobRequest(job_id=self.job_id, submitted=submitted)
-            )
+        request = jobs_pb2.CloseJobRequest(job_id=self.job_id, submitted=submitted)
+        self.info = await self._reach.call("CloseJob", lambda t: self._jobs.CloseJob(request, timeout=t))
         return self.info
 
     async def finish(self) -> jobs_pb2.Job:
-        """FinishJob, retried while the scheduler is unreachable for at most the patience;
-        only then does the error reach the caller."""
+        """FinishJob: the scheduler deletes the job's queues."""
         request = jobs_pb2.FinishJobRequest(job_id=self.job_id)
-        deadline = self._clock() + self._patience
-        attempt = 0
-        while True:
-            try:
-                with map_rpc_errors():
-                    self.info = await self._jobs.FinishJob(request)
-                return self.info
-            except Unavailable as exc:
-                delay = self._backoff.delay(attempt)
-                if self._backoff.gives_up_after(attempt) or self._clock() + delay > deadline:
-                    raise
-                log.warning(
-                    "client.finish.retry", extra={"job_id": self.job_id, "error": str(exc), "retry_in": delay}
-                )
-                await self._backoff.sleep(delay)
-                attempt += 1
+        self.info = await self._reach.call("FinishJob", lambda t: self._jobs.FinishJob(request, timeout=t))
+        return self.info
 
     async def cancel(self) -> jobs_pb2.Job:
         """CancelJob: the scheduler deletes the job's queues."""
-        with map_rpc_errors():
-            self.info = await self._jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=self.job_id))
+        request = jobs_pb2.CancelJobRequest(job_id=self.job_id)
+        self.info = await self._reach.call("CancelJob", lambda t: self._jobs.CancelJob(request, timeout=t))
         return self.info
 
     async def set_importance(self, importance: float) -> jobs_pb2.Job:
         """SetImportance. Raises InvalidArgument (not > 0) or FailedPrecondition (ended)."""
-        with map_rpc_errors():
-            self.info = await self._jobs.SetImportance(
-                jobs_pb2.SetImportanceRequest(job_id=self.job_id, importance=importance)
-            )
+        request = jobs_pb2.SetImportanceRequest(job_id=self.job_id, importance=importance)
+        self.info = await self._reach.call(
+            "SetImportance", lambda t: self._jobs.SetImportance(request, timeout=t)
+        )
         return self.info
 
-    async def get(self) -> jobs_pb2.Job:
-        """GetJob: the scheduler's current view of the job."""
-        with map_rpc_errors():
-            self.info = await self._jobs.GetJob(jobs_pb2.GetJobRequest(job_id=self.job_id))
+    async def get(self, *, patience: bool = True) -> jobs_pb2.Job:
+        """GetJob: the scheduler's current view of the job (one try only without ``patience``)."""
+        request = jobs_pb2.GetJobRequest(job_id=self.job_id)
+        if patience:
+            self.info = await self._reach.call("GetJob", lambda t: self._jobs.GetJob(request, timeout=t))
+        else:
+            self.info = await self._reach.call_once("GetJob", lambda t: self._jobs.GetJob(request, timeout=t))
         return self.info
 
     async def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
-        """WatchJob: the job now, then on every change until it ends."""
+        """WatchJob: the job now, then on every change until it ends. The first event (the job
+        now) comes within the client's patience, or Unavailable; later ones come when it changes."""
         call = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=self.job_id))
+        events = aiter(call)
         try:
             with map_rpc_errors():
-                async for event in call:
+                try:
+                    async with asyncio.timeout(self._reach.patience):
+                        first = await anext(events)
+                except TimeoutError:
+                    raise Unavailable(
+                        "DEADLINE_EXCEEDED",
+                        f"WatchJob: no answer within {self._reach.patience:g} s",
+                    ) from None
+                except StopAsyncIteration:
+                    return
+                self.info = first.job
+                yield first
+                async for event in events:
                     self.info = event.job
                     yield event
         finally:

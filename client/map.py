@@ -2,8 +2,11 @@
 
 A window bounds the tasks submitted and not yet yielded, so memory stays bounded however many
 payloads there are; payloads are read lazily, by a producer task beside the outcome loop. A
-submit that fails stops the map with its error at once (the job is then never closed, so the
-outcome loop alone would not end).
+submit that fails (a payload that cannot be encoded or is too large, or the payloads' iterable
+raising) stops the map with its error at once and cancels the job the map was driving, so that
+it does not stay open, holding slots, half submitted. A map stopped by its consumer (a ``break``,
+Ctrl-C) or by an unreachable cluster (Unavailable) leaves the job running and resumable; a map
+on a job closed before raises PipeClosed and leaves the job as it was.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import Final, NoReturn, Protocol
 
 from tqdm import tqdm
 
+from truba.client.errors import Unavailable
 from truba.client.outcome import Outcome
+from truba.pipes.errors import PipeClosed
 
 MAP_WINDOW: Final = 1000
 """Tasks :func:`map_outcomes` keeps submitted and not yet yielded, by default."""
@@ -31,6 +36,8 @@ class Mappable(Protocol):
     async def submit(self, payload: object) -> str: ...
 
     async def close(self) -> None: ...
+
+    async def cancel_quietly(self, cause: BaseException | None) -> None: ...
 
     def results(self) -> AsyncGenerator[Outcome, None]: ...
 
@@ -50,8 +57,8 @@ async def map_outcomes(
     submitted before (an earlier run on a resumed job) are taken but not yielded. ``progress``
     shows a progress bar (tqdm, on stderr); by default when stderr is a terminal.
 
-    Raises whatever ``submit`` raises for a payload (the tasks submitted before it still run;
-    their outcomes are not yielded).
+    Raises whatever ``submit`` raises for a payload, or ``payloads`` raises, after cancelling
+    the job (the tasks submitted before get cancelled outcomes, which are not yielded).
     """
     if window < 1:
         raise ValueError(f"window: must be at least 1, got {window}")
@@ -89,6 +96,12 @@ async def map_outcomes(
                 yield waiting.pop(next_index)
                 next_index += 1
         await producer  # raises what a submit raised
+    except Exception as exc:
+        if producer.done() and not producer.cancelled() and producer.exception() is exc:
+            # Not for a cluster out of reach (resume later) or a job closed before (not ours).
+            if not isinstance(exc, Unavailable | PipeClosed):
+                await job.cancel_quietly(exc)
+        raise
     finally:
         if not producer.done():
             producer.cancel()
@@ -112,15 +125,13 @@ async def _until_done(
 ) -> AsyncGenerator[Outcome, None]:
     """``outcomes``, but raises the producer's error as soon as it fails (the job then never
     gets closed, so ``outcomes`` alone would not end)."""
+    step: asyncio.Future[Outcome] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(outcomes))
             if not producer.done():
                 await asyncio.wait([step, producer], return_when=asyncio.FIRST_COMPLETED)
                 if not step.done() and producer.exception() is not None:
-                    step.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
-                        await step
                     raise producer.exception()  # type: ignore[misc]
             try:
                 outcome = await step
@@ -128,6 +139,12 @@ async def _until_done(
                 return
             yield outcome
     finally:
+        # A step still running (we were cancelled, or the producer failed) is stopped first:
+        # the outcomes' generator cannot be closed while it runs.
+        if step is not None and not step.done():
+            step.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await step
         await outcomes.aclose()
 
 

@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final, Literal, TypedDict, Unpack
 
 from truba.client.errors import InvalidArgument
+from truba.pipes.broker import BrokerFactory
 from truba.pipes.fsync import FsyncPolicy
-from truba.proto.v1 import common_pb2
+from truba.proto.v1 import common_pb2, jobs_pb2_grpc
 
 Preemption = Literal["graceful", "immediate"]
 """How the job's slots are taken when the scheduler gives them to a more important job:
@@ -244,3 +245,6 @@ class ClientOptions(TypedDict, total=False):
     journal_fsync: FsyncPolicy
     token: str | None
     tls_ca: str | os.PathLike[str] | None
+    unavailable_after: float
+    brokers: BrokerFactory | None
+    scheduler: jobs_pb2_grpc.JobServiceAsyncStub | None

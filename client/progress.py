@@ -81,11 +81,13 @@ class ProgressReporter:
                     job_id=self._job_id, submitted=submitted, received=received
                 )
                 try:
-                    with map_rpc_errors():
-                        await self._jobs.ReportProgress(request)
+                    with map_rpc_errors():  # bounded: a scheduler that never answers only delays it
+                        await self._jobs.ReportProgress(request, timeout=self._keepalive)
                     last = now
                 except Unavailable as exc:
-                    log.info("client.progress.unreachable", extra={"job_id": self._job_id, "error": str(exc)})
+                    log.debug(
+                        "client.progress.unreachable", extra={"job_id": self._job_id, "error": str(exc)}
+                    )
                     self._wake.set()
                 except SchedulerError as exc:  # the job ended: nothing left to report
                     log.debug("client.progress.stopped", extra={"job_id": self._job_id, "error": str(exc)})

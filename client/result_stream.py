@@ -10,7 +10,9 @@ written first (a crash in between brings the results back as duplicates, which a
 consumer that raises or stops at an outcome puts it back: its result is requeued and comes again.
 
 The stream ends when the job is closed and every task has its outcome (then the job is finished),
-or when it is cancelled (then every task still without an outcome gets a cancelled one).
+or when it is cancelled (then every task still without an outcome gets a cancelled one). While
+every broker is unreachable it waits, and raises :class:`~truba.client.errors.Unavailable` once
+that lasted the client's ``unavailable_after`` (the job goes on: resume it later).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobStatus
 from truba.client.outcome import Outcome
+from truba.client.reach import Reach
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_listener import FrameListener
@@ -60,8 +63,10 @@ class ResultStream:
         on_taken: Callable[[], None],
         poll: Callable[[], Awaitable[None]],
         on_done: Callable[[], Awaitable[None]],
+        reach: Reach,
     ) -> None:
         self._job_id = job_id
+        self._reach = reach
         self._results = results
         self._journal = journal
         self._status = status
@@ -89,6 +94,7 @@ class ResultStream:
                         break
                     raise
                 if delivery is None:
+                    self._reach.check_brokers(f"results of job {self._job_id}")
                     if time.monotonic() - last_poll > STATE_POLL_SECONDS:
                         last_poll = time.monotonic()
                         await self._poll()

@@ -7,7 +7,13 @@ confirm (a nack, a broker gone) puts it aside, and :meth:`Submission.confirm_all
 sends those again, for at most :data:`RESEND_ROUNDS` rounds. A resumed job sends at once what no
 broker confirmed before the crash. A broker found to have lost its data (:class:`LossWatch`: the
 job's marker queue is gone) may have held any task still without an outcome, its task or its
-result: every one is sent again; the result stream drops the duplicate outcomes.
+result: every one is sent again, once however many brokers were found lost together, and not
+while its last send still waits for its confirm (the pipes carry that one to a live broker);
+the result stream drops the duplicate outcomes.
+
+Waits on the brokers (a send, the confirms at close) end with
+:class:`~truba.client.errors.Unavailable` once every broker has been unreachable for the
+client's patience (:class:`~truba.client.reach.Reach`).
 """
 
 from __future__ import annotations
@@ -21,8 +27,10 @@ from collections.abc import Callable, Sequence
 from typing import Final, final
 
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
+from truba.client.errors import Unavailable
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobStatus
+from truba.client.reach import Reach
 from truba.client.watch import LossWatch
 from truba.errors import TrubaError
 from truba.pipes.base import Confirmation, Sender
@@ -63,8 +71,12 @@ class Submission:
         priorities: bool,
         max_payload: int,
         on_change: Callable[[], None],
+        reach: Reach,
     ) -> None:
         self._job_id = job_id
+        self._reach = reach
+        self._submitting = f"submit to job {job_id}"
+        """What a submit is, in an Unavailable's message (made once: submit is the hot path)."""
         self._tasks = tasks
         self._journal = journal
         self._status = status
@@ -77,13 +89,17 @@ class Submission:
         """Confirms awaited, by task."""
         self._failed: set[str] = set()
         """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
-        self.watch = LossWatch(links, marker, self._broker_lost, job_id=job_id, known=resumed)
+        self.watch = LossWatch(links, marker, self._brokers_lost, job_id=job_id, known=resumed, reach=reach)
 
     async def start(self) -> None:
-        """Starts watching for lost brokers, and sends what no broker confirmed (a resumed job)."""
-        await self.watch.start()
+        """Starts watching for lost brokers, and sends what no broker confirmed (a resumed job);
+        every task without an outcome if a broker lost the job's data meanwhile."""
+        lost = await self.watch.start()
         if len(self._journal):
             self._on_change()  # a resumed job: the scheduler hears from its client again
+        if lost:
+            await self._brokers_lost(lost)
+            return
         unconfirmed = self._journal.unconfirmed()
         if unconfirmed:
             log.info(
@@ -112,17 +128,18 @@ class Submission:
         self._next += 1
         await self._journal.record(task_id, task.data)
         try:
-            if timeout is None:  # the common case: no timer to arm
-                confirmation = await self._tasks.send(task)
-            else:
-                async with asyncio.timeout(timeout):
+            async with self._reach.bounded(self._submitting):
+                if timeout is None:  # the common case: no timer to arm
                     confirmation = await self._tasks.send(task)
+                else:
+                    async with asyncio.timeout(timeout):
+                        confirmation = await self._tasks.send(task)
         except TimeoutError:
             self._journal.withdraw(task_id)
             raise SubmitTimeout(
                 f"task {task_id}: no broker took it within {timeout} s; it was not submitted"
             ) from None
-        except (PipeError, CodecError):
+        except (PipeError, CodecError, Unavailable):
             self._journal.withdraw(task_id)
             raise
         self._watch_confirm(task_id, confirmation)
@@ -158,27 +175,35 @@ class Submission:
                 if data is None:  # its outcome came meanwhile
                     continue
                 self._failed.discard(task_id)
-                self._watch_confirm(task_id, await self._tasks.send(codec.decode(data)))
+                async with self._reach.bounded(f"send job {self._job_id}'s tasks again"):
+                    confirmation = await self._tasks.send(codec.decode(data))
+                self._watch_confirm(task_id, confirmation)
 
-    async def _broker_lost(self, broker: Broker) -> None:
-        """A broker lost its data: every task without an outcome may have been there (its task
-        or its result), so every one is sent again; duplicate outcomes are dropped."""
-        outstanding = self._journal.outstanding()
+    async def _brokers_lost(self, brokers: Sequence[Broker]) -> None:
+        """Brokers lost their data: every task without an outcome may have been there (its task
+        or its result), so each is sent again once, unless its last send still awaits a confirm
+        (the pipes see that one through); duplicate outcomes are dropped."""
+        again = [task_id for task_id in self._journal.outstanding() if task_id not in self._confirmations]
         log.warning(
             "client.job.resubmit",
-            extra={"job_id": self._job_id, "broker": broker.name, "count": len(outstanding)},
+            extra={"job_id": self._job_id, "brokers": [b.name for b in brokers], "count": len(again)},
         )
-        self._journal.unmark(outstanding)
-        await self._send_again(outstanding)
+        self._journal.unmark(again)
+        await self._send_again(again)
 
     async def settle_confirms(self) -> None:
-        """Waits until every confirm now awaited has come (or failed: then put aside)."""
-        while self._confirmations:
-            waiting = list(self._confirmations.values())
-            await asyncio.gather(*waiting, return_exceptions=True)
-            for task_id, confirmation in list(self._confirmations.items()):
-                if confirmation.done():
-                    del self._confirmations[task_id]
+        """Waits until every confirm now awaited has come (or failed: then put aside).
+
+        Raises:
+            Unavailable: every broker stayed unreachable for the client's patience.
+        """
+        async with self._reach.bounded(f"confirms of job {self._job_id}"):
+            while self._confirmations:
+                # wait, not gather: a wait cut short must not cancel the confirmations.
+                await asyncio.wait(list(self._confirmations.values()))
+                for task_id, confirmation in list(self._confirmations.items()):
+                    if confirmation.done():
+                        del self._confirmations[task_id]
 
     async def confirm_all(self) -> None:
         """Waits for every confirm, sending again (bounded) what a broker nacked or lost.

@@ -192,7 +192,10 @@ class ReopenSender(Generic[T]):
             except PipeError as exc:
                 attempt += 1
                 self._error = exc if exc.retryable else self._error
-                log.warning(
+                # The first failed attempt of a break is a warning; the rest, at debug, only
+                # repeat it (an outage is one line, not one per try).
+                log.log(
+                    logging.WARNING if attempt == 1 else logging.DEBUG,
                     "pipe.reopen.attempt_failed",
                     extra={"pipe": self.label, "attempt": attempt, "error": f"{type(exc).__name__}: {exc}"},
                 )

@@ -188,7 +188,10 @@ class ReopenListener(Generic[T]):
                 fresh = await self._open()
             except PipeError as exc:
                 attempt += 1
-                log.warning(
+                # The first failed attempt of a break is a warning; the rest, at debug, only
+                # repeat it (an outage is one line, not one per try).
+                log.log(
+                    logging.WARNING if attempt == 1 else logging.DEBUG,
                     "pipe.reopen.attempt_failed",
                     extra={"pipe": self.label, "attempt": attempt, "error": f"{type(exc).__name__}: {exc}"},
                 )

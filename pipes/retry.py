@@ -37,8 +37,10 @@ class RetrySender(Generic[T]):
                 if not exc.retryable or self.backoff.gives_up_after(attempt):
                     raise
                 delay = self.backoff.delay(attempt)
-                log.warning(
-                    "pipe.retry", extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)}
+                log.log(  # the first retry is a warning; the rest only repeat it
+                    logging.WARNING if attempt == 0 else logging.DEBUG,
+                    "pipe.retry",
+                    extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)},
                 )
                 await self.backoff.sleep(delay)
                 attempt += 1
@@ -74,8 +76,10 @@ class RetryListener(Generic[T]):
                 if not exc.retryable or self.backoff.gives_up_after(attempt):
                     raise
                 delay = min(self.backoff.delay(attempt), timeout)
-                log.warning(
-                    "pipe.retry", extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)}
+                log.log(  # the first retry is a warning; the rest only repeat it
+                    logging.WARNING if attempt == 0 else logging.DEBUG,
+                    "pipe.retry",
+                    extra={"attempt": attempt + 1, "delay": round(delay, 3), "error": repr(exc)},
                 )
                 await self.backoff.sleep(delay)
                 attempt += 1

@@ -20,11 +20,13 @@ from truba.pipes.rabbit.browse import browse
 from truba.pipes.rabbit.delays import bind_target, declare_levels
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
+from truba.pipes.rabbit.quiet import quiet_amqp_logs
 from truba.pipes.rabbit.sender import RabbitSender
 from truba.pipes.rabbit.stream import read_stream
 from truba.pipes.rabbit.util import close_quietly
 
 log = logging.getLogger(__name__)
+quiet_amqp_logs()  # aio-pika and aiormq are imported: their records go to debug
 
 DELIVERY_LIMIT: Final = 1_000_000
 """Quorum-queue ``x-delivery-limit``: far above any real preemption count, so the broker never

@@ -139,3 +139,23 @@ async def test_retry_dead_runs_a_given_up_task_again_with_a_fresh_outcome_and_re
             rest = [outcome async for outcome in stream]
         assert [(o.task_id, o.ok) for o in rest] == [(retried[dead_id], True)]
         assert len(await job.dead_letters()) == 0
+
+
+def test_the_blocking_job_lists_its_dead_letters_and_sends_them_again(cluster: LocalCluster) -> None:
+    with truba.connect(cluster.address) as client:
+        job = client.create_job("tests.handlers.faults:pid", task_timeout=0.5, max_attempts=1)
+        dead_id = job.submit(30.0)  # outlives its timeout on its only attempt: given up
+        results = job.results()
+        first = next(results)
+        assert first.task_id == dead_id and first.gave_up
+        deadline = time.monotonic() + 30
+        while not (letters := job.dead_letters()):
+            assert time.monotonic() < deadline, "no dead letter in time"
+            time.sleep(0.2)
+        assert [(d.task_id, d.reason) for d in letters] == [(dead_id, DeadReason.GAVE_UP)]
+        sent = job.retry_dead()
+        assert list(sent) == [dead_id] and sent[dead_id] != dead_id
+        again = next(results)  # the new task gives up too: its own, fresh outcome
+        assert again.task_id == sent[dead_id] and again.gave_up
+        results.close()  # type: ignore[attr-defined]
+        job.cancel()

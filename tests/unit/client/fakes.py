@@ -2,18 +2,19 @@
 makes) and a daemon that answers a job's tasks on a :class:`FakeBroker`.
 
 ``FakeScheduler`` keeps jobs in a dict and answers as the real JobService does for the calls the
-client makes (CreateJob, GetJob, GetClusterInfo, ReportProgress, CloseJob, FinishJob, CancelJob,
-SetImportance); finishing or cancelling a job deletes its queues on the brokers, as the real
-scheduler does. It is scriptable: :meth:`FakeScheduler.fail` makes a method answer with a gRPC
-error the next ``times`` calls. ``FakeDaemon`` reads task messages off the job's task queue
-(unpacking frames), and publishes one result per task to the result queue, msgpack-encoded with
-:class:`~truba.wire.ResultCodec`, as a daemon would.
+client makes (CreateJob, GetJob, ListJobs, WatchJob, GetClusterInfo, ReportProgress, CloseJob,
+FinishJob, CancelJob, SetImportance); finishing or cancelling a job deletes its queues on the
+brokers, as the real scheduler does. It is scriptable: :meth:`FakeScheduler.fail` makes a method
+answer with a gRPC error the next ``times`` calls. ``FakeDaemon`` reads task messages off the
+job's task queue (unpacking frames), and publishes one result per task to the result queue,
+msgpack-encoded with :class:`~truba.wire.ResultCodec`, as a daemon would.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Literal, cast
 
@@ -46,6 +47,8 @@ class FakeScheduler:
         self.progress: list[tuple[str, int, int]] = []
         """ReportProgress calls answered: (job id, submitted, received)."""
         self._failing: dict[str, list[grpc.StatusCode]] = {}
+        self.watch_hangs = False
+        """WatchJob streams never answer (a scheduler that accepts and never answers)."""
         self._ids = itertools.count(1)
 
     @property
@@ -108,6 +111,15 @@ class FakeScheduler:
         self._enter("GetJob")
         return self._job(request.job_id)
 
+    async def ListJobs(self, request: jobs_pb2.ListJobsRequest, **_: object) -> jobs_pb2.ListJobsResponse:
+        self._enter("ListJobs")
+        jobs = [job for job in self.jobs.values() if request.include_done or job.state not in ENDED]
+        return jobs_pb2.ListJobsResponse(jobs=jobs)
+
+    def WatchJob(self, request: jobs_pb2.WatchJobRequest, **_: object) -> FakeWatch:
+        self.calls.append("WatchJob")
+        return FakeWatch(self, request.job_id)
+
     async def GetClusterInfo(
         self, request: jobs_pb2.GetClusterInfoRequest, **_: object
     ) -> jobs_pb2.ClusterInfo:
@@ -150,6 +162,27 @@ class FakeScheduler:
         job = self._live(request.job_id)
         job.importance = request.importance
         return job
+
+
+class FakeWatch:
+    """A WatchJob stream: the job now, then nothing more (or nothing at all while the
+    scheduler's ``watch_hangs``: a scheduler that accepts and never answers)."""
+
+    def __init__(self, scheduler: FakeScheduler, job_id: str) -> None:
+        self._scheduler = scheduler
+        self._job_id = job_id
+        self.cancelled = False
+
+    def __aiter__(self) -> AsyncIterator[jobs_pb2.JobEvent]:
+        return self._events()
+
+    async def _events(self) -> AsyncIterator[jobs_pb2.JobEvent]:
+        if self._scheduler.watch_hangs:
+            await asyncio.Event().wait()
+        yield jobs_pb2.JobEvent(job=self._scheduler._job(self._job_id))
+
+    def cancel(self) -> None:
+        self.cancelled = True
 
 
 Handler = Callable[[object], object]
@@ -215,10 +248,18 @@ class FakeDaemon:
         self._results = None
 
 
-def client_for(scheduler: FakeScheduler, journal: Path | Literal[False] = False) -> Client:
+def client_for(
+    scheduler: FakeScheduler, journal: Path | Literal[False] = False, *, unavailable_after: float = 60.0
+) -> Client:
     """A client of ``scheduler`` reaching its brokers (by URL) through the fakes themselves."""
     by_url = {broker.url: broker for broker in scheduler.brokers}
-    return Client("fake:0", scheduler=scheduler.stub, brokers=lambda url: by_url[url], journal=journal)
+    return Client(
+        "fake:0",
+        scheduler=scheduler.stub,
+        brokers=lambda url: by_url[url],
+        journal=journal,
+        unavailable_after=unavailable_after,
+    )
 
 
 def daemons_for(scheduler: FakeScheduler, job: Job, handler: Handler = echo) -> list[FakeDaemon]:

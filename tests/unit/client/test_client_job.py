@@ -11,10 +11,19 @@ from pathlib import Path
 import pytest
 
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
-from truba.client import CallbackFailed, Client, FailedPrecondition, Job, NoJournal, Outcome, TaskFailed
+from truba.client import (
+    CallbackFailed,
+    Client,
+    InvalidArgument,
+    Job,
+    NoJournal,
+    NotFound,
+    Outcome,
+    TaskFailed,
+)
 from truba.client.encoded import EncodedTask
 from truba.client.journal import Journal
-from truba.pipes.errors import MessageTooLarge, PipeClosed
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 from truba.wire import TaskCodec, TaskMessage
@@ -149,8 +158,37 @@ async def test_resume_needs_a_journal_and_a_live_job(scheduler: FakeScheduler, t
         job = await client.create_job("h:f")
         await job.detach()
         await scheduler.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
-        with pytest.raises(FailedPrecondition, match="has ended"):
+        with pytest.raises(NotFound, match="has ended"):
             await client.resume(job.id)
+        assert not (tmp_path / job.id).exists()  # a cancelled job's journal is not left behind
+
+
+async def test_resuming_an_unknown_or_finished_job_is_not_found_not_no_journal(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(NotFound):
+            await client.resume("nosuchjob")
+        job = await client.create_job("h:f")
+        await job.submit(1)
+        await job.close()
+        (daemon,) = daemons_for(scheduler, job)
+        await daemon.run()
+        await collect(job.results())
+        with pytest.raises(NotFound, match="FINISHED"):
+            await client.resume(job.id)
+
+
+@pytest.mark.parametrize("job_id", ["../../etc", "", "/abs", "a/b", "JOB1", "x" * 65])
+async def test_resume_refuses_a_malformed_job_id_before_touching_any_path(
+    scheduler: FakeScheduler, tmp_path: Path, job_id: str
+) -> None:
+    async with client_for(scheduler, journal=tmp_path / "journal") as client:
+        with pytest.raises(InvalidArgument, match="job_id"):
+            await client.resume(job_id)
+        with pytest.raises(InvalidArgument):
+            client.job(job_id)
+    assert "GetJob" not in scheduler.calls and not (tmp_path / "journal").exists()
 
 
 async def test_cancel_gives_a_cancelled_outcome_to_every_task_without_one(
@@ -265,3 +303,104 @@ async def test_close_detaches_jobs_still_going(scheduler: FakeScheduler, tmp_pat
         await job.submit(1)
     assert job.ended and (tmp_path / job.id).is_dir()
     assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_OPEN
+
+
+async def test_resume_after_every_broker_came_back_empty_sends_each_outstanding_task_once(
+    tmp_path: Path,
+) -> None:
+    # Given a job whose tasks every broker confirmed, detached (as if its client died),
+    scheduler = FakeScheduler([FakeBroker("fake://b0"), FakeBroker("fake://b1")])
+    first = client_for(scheduler, journal=tmp_path)
+    await first.connect()
+    job = await first.create_job("h:f", frames=False)
+    ids = [await job.submit(n) for n in range(32)]
+    await job._submission.settle_confirms()
+    await job.detach()  # (its links stay as they are: closing them would close the fakes)
+    # when both brokers come back without their data (truba up restarted with empty brokers)
+    for broker in scheduler.brokers:
+        broker.lose_data()
+    published = sum(broker.published for broker in scheduler.brokers)
+    async with client_for(scheduler, journal=tmp_path) as second:
+        resumed = await second.resume(job.id)
+        await resumed._submission.settle_confirms()
+        # then every task without an outcome is sent again exactly once (it was 2-3 times)
+        sent = sum(broker.published for broker in scheduler.brokers) - published
+        queued = [t for b in scheduler.brokers for t in task_ids(b.messages(f"truba.job.{job.id}.tasks"))]
+        assert sent == 32 and sorted(queued) == sorted(ids)
+        await resumed.detach()
+
+
+async def test_brokers_found_lost_in_the_same_round_send_each_task_again_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("truba.client.watch.CHECK_INTERVAL", 0.02)
+    scheduler = FakeScheduler([FakeBroker("fake://b0"), FakeBroker("fake://b1")])
+    async with client_for(scheduler) as client:
+        job = await client.create_job("h:f", frames=False)
+        ids = [await job.submit(n) for n in range(16)]
+        await job._submission.settle_confirms()
+        published = sum(broker.published for broker in scheduler.brokers)
+        for broker in scheduler.brokers:
+            broker.lose_data()
+
+        def sent() -> int:
+            return sum(broker.published for broker in scheduler.brokers) - published
+
+        async with asyncio.timeout(10):
+            while job._submission.watch.losses < 2 or sent() < len(ids):
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # many more rounds of checks: nothing more is sent
+        assert sent() == len(ids)
+        await job.detach()
+
+
+async def test_a_refused_payload_refuses_that_task_only_and_the_job_stays_usable(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("h:f")
+    with pytest.raises(CodecError):
+        await job.submit(object())
+    with pytest.raises(MessageTooLarge):
+        await job.submit(b"x" * (17 * 1024 * 1024))
+    task = await job.submit(1)
+    await job.close()
+    (daemon,) = daemons_for(scheduler, job)
+    await daemon.run()
+    assert [(o.task_id, o.result()) for o in await collect(job.results())] == [(task, 1)]
+
+
+async def test_a_job_used_as_a_context_manager_is_cancelled_when_the_block_raises(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(ZeroDivisionError):
+            async with await client.create_job("h:f") as job:
+                await job.submit(1)
+                _ = 1 / 0
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CANCELLED  # no orphan holding slots
+    assert not (tmp_path / job.id).exists()  # nor its journal
+
+
+async def test_a_job_used_as_a_context_manager_is_closed_after_the_block(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    async with await client.create_job("h:f") as job:
+        await job.submit(1)
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CLOSED
+    (daemon,) = daemons_for(scheduler, job)
+    await daemon.run()
+    assert len(await collect(job.results())) == 1 and job.done
+
+
+async def test_a_job_used_as_a_context_manager_is_left_running_on_an_interrupt(
+    scheduler: FakeScheduler, tmp_path: Path
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        with pytest.raises(KeyboardInterrupt):
+            async with await client.create_job("h:f") as job:
+                await job.submit(1)
+                raise KeyboardInterrupt
+        assert job.ended and scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_OPEN
+        resumed = await client.resume(job.id)  # it is the user's to resume or cancel
+        assert resumed.outstanding == 1
+        await resumed.cancel()

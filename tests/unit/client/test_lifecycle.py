@@ -1,5 +1,5 @@
-"""JobCalls: the scheduler calls of one job through the JobService stub; FinishJob retried with
-Backoff while the scheduler is unreachable, within the patience; other errors at once."""
+"""JobCalls: the scheduler calls of one job through the JobService stub, each retried with
+Backoff while the scheduler is unreachable, within the client's patience; other errors at once."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from tests.unit.client.fakes import FakeScheduler
 from truba.backoff import Backoff
 from truba.client.errors import FailedPrecondition, InvalidArgument, NotFound, Unavailable
 from truba.client.lifecycle import JobCalls, JobStatus
+from truba.client.reach import Reach
 from truba.proto.v1 import jobs_pb2
 
 
@@ -32,7 +33,7 @@ def calls_with(
     scheduler: FakeScheduler, info: jobs_pb2.Job, clock: Clock, patience: float = 120.0
 ) -> JobCalls:
     backoff = Backoff(attempts=None, base=0.2, cap=5.0, sleep=clock.sleep, rng=lambda low, high: high)
-    return JobCalls(scheduler.stub, info, backoff=backoff, patience=patience, clock=clock)
+    return JobCalls(scheduler.stub, info, reach=Reach(patience, backoff=backoff, clock=clock))
 
 
 async def created(scheduler: FakeScheduler) -> jobs_pb2.Job:
@@ -82,6 +83,6 @@ async def test_each_call_keeps_the_schedulers_latest_word() -> None:
     assert calls.info.state == jobs_pb2.JOB_STATE_CANCELLED
     with pytest.raises(FailedPrecondition):
         await calls.set_importance(1.0)
-    missing = JobCalls(scheduler.stub, jobs_pb2.Job(id="nosuchjob"))
+    missing = JobCalls(scheduler.stub, jobs_pb2.Job(id="nosuchjob"), reach=Reach())
     with pytest.raises(NotFound):
         await missing.get()

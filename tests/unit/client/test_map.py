@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
 from truba.client import Client
 from truba.client.blocking import BlockingJob, _LoopThread
-from truba.pipes.errors import CodecError
+from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 from truba.wire import TaskMessage
@@ -73,20 +74,24 @@ async def test_map_keeps_at_most_window_tasks_submitted_and_not_yielded(
     assert len(ahead) == 20 and max(ahead) <= 3
 
 
-async def test_map_raises_what_a_submit_raised(scheduler: FakeScheduler, client: Client) -> None:
-    job = await client.create_job("h:f")
-    (daemon,) = daemons_for(scheduler, job)
-    server = asyncio.create_task(serve(daemon))
-    yielded: list[object] = []
-    try:
-        with pytest.raises(CodecError):
-            async with asyncio.timeout(10):
-                async for outcome in job.map([1, 2, object(), 4], progress=False):
-                    yielded.append(outcome.result())
-    finally:
-        server.cancel()
-    assert job.submitted == 2 and not job.done  # the job was not closed; the first tasks still run
-    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_OPEN
+@pytest.mark.parametrize("bad", [object(), b"x" * (17 * 1024 * 1024)], ids=["unencodable", "oversized"])
+async def test_a_map_whose_payload_cannot_be_sent_raises_and_cancels_its_job_leaving_no_orphan(
+    scheduler: FakeScheduler, tmp_path: Path, bad: object
+) -> None:
+    async with client_for(scheduler, journal=tmp_path) as client:
+        job = await client.create_job("h:f")
+        (daemon,) = daemons_for(scheduler, job)
+        server = asyncio.create_task(serve(daemon))
+        try:
+            with pytest.raises((CodecError, MessageTooLarge)):
+                async with asyncio.timeout(10):
+                    async for outcome in job.map([1, 2, bad, 4], progress=False):
+                        outcome.result()
+        finally:
+            server.cancel()
+        assert job.submitted == 2 and job.ended
+        assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CANCELLED  # no open job holding slots
+        assert not (tmp_path / job.id).exists()  # nor its journal on disk
 
 
 async def test_map_refuses_a_window_below_one(client: Client) -> None:
@@ -116,3 +121,14 @@ def test_the_blocking_job_maps_too(scheduler: FakeScheduler) -> None:
         runner.run(stop())
     finally:
         runner.stop()
+
+
+async def test_a_map_on_a_job_closed_before_raises_and_leaves_the_job_as_it_was(
+    scheduler: FakeScheduler, client: Client
+) -> None:
+    job = await client.create_job("h:f")
+    await job.submit(1)
+    await job.close()
+    with pytest.raises(PipeClosed):
+        await anext(job.map([2], progress=False))
+    assert scheduler.jobs[job.id].state == jobs_pb2.JOB_STATE_CLOSED and not job.ended

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 from truba.client.journal import MemoryJournal
 from truba.client.lifecycle import JobStatus
+from truba.client.reach import Reach
 from truba.client.result_stream import ACK_BATCH, ResultStream
 from truba.pipes.frame import FrameListener, pack
 from truba.pipes.serialize import DeserializeListener
@@ -66,6 +67,7 @@ async def rig(ids: Iterable[str]) -> tuple[FakeListener[bytes], SpyJournal, Resu
         on_taken=lambda: None,
         poll=poll,
         on_done=done,
+        reach=Reach(),
     )
     return fake, journal, stream, ended
 

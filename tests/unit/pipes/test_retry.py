@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from truba.backoff import Backoff
@@ -56,3 +58,11 @@ def test_backoff_is_jittered_and_capped() -> None:
     upper = Backoff(base=0.1, cap=1.0, rng=lambda lo, hi: hi)
     assert [upper.delay(a) for a in range(6)] == [0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
     assert Backoff(attempts=None).gives_up_after(10**6) is False
+
+
+async def test_a_long_outage_is_one_retry_warning_not_one_per_try(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="truba.pipes.retry")
+    inner = Flaky([PipeBroken(str(n)) for n in range(5)])
+    await RetrySender(inner, Backoff(attempts=10, sleep=Sleeps())).send("m")
+    levels = [r.levelno for r in caplog.records if r.getMessage() == "pipe.retry"]
+    assert levels == [logging.WARNING] + [logging.DEBUG] * 4

@@ -1,0 +1,251 @@
+"""How long the client waits for an unreachable cluster: every wait that needs the scheduler or a
+broker ends within ``unavailable_after`` seconds with :class:`~truba.client.errors.Unavailable`.
+
+One :class:`Reach` per client, shared by its jobs:
+
+- **The scheduler.** :meth:`Reach.call` makes one JobService call, each try bounded by what is
+  left of the patience; an unreachable scheduler (``UNAVAILABLE``, or no answer in time for a
+  call safe to repeat) is tried again with :data:`CALL_BACKOFF` until the patience runs out.
+- **The brokers.** The jobs' loss watches report each check of a broker
+  (:meth:`Reach.broker_up`, :meth:`Reach.broker_down`); while *every* broker is down, waits in
+  :meth:`Reach.bounded` blocks (a submit, the confirms at close) and the result stream's
+  :meth:`Reach.check_brokers` end with Unavailable once the outage is older than the patience.
+  A broker still reachable keeps everything going: the pipes route around the others.
+
+Each outage is told once when it begins and once when it ends (:func:`~truba.client.notices.notice`),
+never per try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from types import TracebackType
+from typing import Final, TypeVar, final
+
+import grpc
+
+from truba.backoff import Backoff
+from truba.client.errors import Unavailable, map_rpc_errors
+from truba.client.notices import notice
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+UNAVAILABLE_AFTER: Final = 60.0
+"""Seconds the client waits, by default, for an unreachable scheduler or brokers."""
+CALL_BACKOFF: Final = Backoff(attempts=None, base=0.2, cap=5.0)
+"""Waits between tries of a call while the scheduler is unreachable."""
+ONCE_TIMEOUT: Final = 5.0
+"""Seconds a call tried once (:meth:`Reach.call_once`) waits for its answer at most."""
+
+
+@final
+class Reach:
+    """Bounds the client's waits on an unreachable cluster; see the module."""
+
+    def __init__(
+        self,
+        patience: float = UNAVAILABLE_AFTER,
+        *,
+        scheduler: str = "",
+        backoff: Backoff = CALL_BACKOFF,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not patience > 0:
+            raise ValueError(f"unavailable_after: must be > 0 seconds, got {patience}")
+        self.patience = patience
+        self._scheduler = scheduler
+        self._backoff = backoff
+        self.clock = clock
+        """The clock of outages (``time.monotonic``, or a test's)."""
+        self._scheduler_down = False
+        self._down: dict[str, float] = {}
+        """Brokers whose last check failed, and since when."""
+        self._up: set[str] = set()
+        self._outage: float | None = None
+        """Since when every broker is down (None: at least one is up, or none was checked)."""
+        self._guards: set[asyncio.Timeout] = set()
+        self._watchers: collections.Counter[str] = collections.Counter()
+        """Loss watches checking each broker."""
+
+    # -- the scheduler ---------------------------------------------------------------------------
+
+    async def call(self, what: str, rpc: Callable[[float], Awaitable[T]], *, repeatable: bool = True) -> T:
+        """``rpc(timeout)`` (a JobService call), tried again while the scheduler is unreachable.
+
+        ``repeatable`` says whether a call that got no answer in time may be made again (it may
+        have been served): a CreateJob is not.
+
+        Raises:
+            Unavailable: no answer within the patience.
+            SchedulerError: the scheduler's refusal, at once.
+        """
+        deadline = self.clock() + self.patience
+        attempt = 0
+        while True:
+            left = deadline - self.clock()
+            try:
+                with map_rpc_errors():
+                    result = await rpc(max(left, 0.001))
+            except Unavailable as exc:
+                timed_out = exc.code == grpc.StatusCode.DEADLINE_EXCEEDED.name
+                self.scheduler_down(what, exc)
+                delay = self._backoff.delay(attempt)
+                if (timed_out and not repeatable) or self.clock() + delay >= deadline:
+                    raise Unavailable(
+                        "UNAVAILABLE",
+                        f"{what}: the scheduler at {self._scheduler} did not answer within "
+                        f"{self.patience:g} s ({exc.details})",
+                    ) from exc
+                await self._backoff.sleep(delay)
+                attempt += 1
+                continue
+            self.scheduler_up()
+            return result
+
+    async def call_once(self, what: str, rpc: Callable[[float], Awaitable[T]]) -> T:
+        """``rpc(timeout)`` tried once, for at most :data:`ONCE_TIMEOUT` seconds (a poll that
+        comes again anyway); an unreachable scheduler is still told once per outage.
+
+        Raises:
+            Unavailable: no answer; SchedulerError: the scheduler's refusal.
+        """
+        try:
+            with map_rpc_errors():
+                result = await rpc(min(self.patience, ONCE_TIMEOUT))
+        except Unavailable as exc:
+            self.scheduler_down(what, exc)
+            raise
+        self.scheduler_up()
+        return result
+
+    def scheduler_down(self, what: str, exc: BaseException) -> None:
+        """A call found the scheduler unreachable (told once per outage)."""
+        log.debug("client.scheduler.call_failed", extra={"call": what, "error": str(exc)})
+        if not self._scheduler_down:
+            self._scheduler_down = True
+            notice(
+                log,
+                "client.scheduler.unreachable",
+                f"the scheduler at {self._scheduler} is unreachable; waiting for it "
+                f"(calls that need it give up after {self.patience:g} s)",
+                scheduler=self._scheduler,
+                error=str(exc),
+            )
+
+    def scheduler_up(self) -> None:
+        """A call was answered."""
+        if self._scheduler_down:
+            self._scheduler_down = False
+            notice(
+                log,
+                "client.scheduler.reachable",
+                f"the scheduler at {self._scheduler} answers again",
+                level=logging.INFO,
+                scheduler=self._scheduler,
+            )
+
+    # -- the brokers -----------------------------------------------------------------------------
+
+    def watch(self, urls: Iterable[str]) -> None:
+        """A job's loss watch checks these brokers from now on (see :meth:`unwatch`)."""
+        self._watchers.update(urls)
+
+    def unwatch(self, urls: Iterable[str]) -> None:
+        """A loss watch stopped: a broker no watch checks any more counts neither up nor down."""
+        self._watchers.subtract(urls)
+        for url in [url for url, count in self._watchers.items() if count <= 0]:
+            del self._watchers[url]
+            self._down.pop(url, None)
+            self._up.discard(url)
+
+    def broker_up(self, url: str) -> None:
+        """A check reached the broker at ``url``."""
+        self._down.pop(url, None)
+        self._up.add(url)
+        if self._outage is not None:
+            self._outage = None
+            notice(log, "client.brokers.reachable", "a broker is reachable again", level=logging.INFO)
+            for guard in self._guards:
+                guard.reschedule(None)
+
+    def broker_down(self, url: str, error: BaseException, *, since: float | None = None) -> None:
+        """A check (begun at ``since``) could not reach the broker at ``url``."""
+        began = self.clock() if since is None else since
+        self._down.setdefault(url, began)
+        self._up.discard(url)
+        if self._outage is None and not self._up:
+            self._outage = began  # the last broker up went down: the outage begins
+            notice(
+                log,
+                "client.brokers.unreachable",
+                f"no broker is reachable ({type(error).__name__}: {error}); waiting for one "
+                f"(waits that need one give up after {self.patience:g} s)",
+                brokers=len(self._down),
+            )
+            if self._guards:
+                deadline = self._loop_deadline()
+                for guard in self._guards:
+                    guard.reschedule(deadline)
+
+    @property
+    def brokers_out(self) -> bool:
+        """Every broker has been unreachable for longer than the patience."""
+        return self._outage is not None and self.clock() - self._outage >= self.patience
+
+    def check_brokers(self, what: str) -> None:
+        """Raises Unavailable if every broker has been unreachable for longer than the patience."""
+        if self.brokers_out:
+            raise self._brokers_unavailable(what)
+
+    def bounded(self, what: str) -> BrokerWait:
+        """``async with reach.bounded("submit"):`` a wait that ends with Unavailable once every
+        broker has been unreachable for longer than the patience."""
+        return BrokerWait(self, what)
+
+    def _loop_deadline(self) -> float | None:
+        if self._outage is None:
+            return None
+        return asyncio.get_running_loop().time() + self.patience - (self.clock() - self._outage)
+
+    def _brokers_unavailable(self, what: str) -> Unavailable:
+        return Unavailable(
+            "UNAVAILABLE", f"{what}: no broker has been reachable for {self.patience:g} s or more"
+        )
+
+
+@final
+class BrokerWait:
+    """The context manager of :meth:`Reach.bounded`."""
+
+    __slots__ = ("_reach", "_timeout", "_what")
+
+    def __init__(self, reach: Reach, what: str) -> None:
+        self._reach = reach
+        self._what = what
+        self._timeout: asyncio.Timeout | None = None
+
+    async def __aenter__(self) -> None:
+        reach = self._reach
+        reach.check_brokers(self._what)
+        self._timeout = asyncio.timeout(reach._loop_deadline())
+        await self._timeout.__aenter__()
+        reach._guards.add(self._timeout)
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        timeout, self._timeout = self._timeout, None
+        assert timeout is not None
+        self._reach._guards.discard(timeout)
+        try:
+            await timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            if timeout.expired():
+                raise self._reach._brokers_unavailable(self._what) from None
+            raise

@@ -1,0 +1,160 @@
+"""An unreachable cluster: every wait that needs it ends with Unavailable within the client's
+``unavailable_after``, and each outage is told once (when it begins, and when it ends)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncGenerator
+
+import pytest
+
+from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
+from truba.client import Outcome, Unavailable
+from truba.client.reach import Reach
+from truba.pipes.fake_broker import FakeBroker
+
+BOUND = 0.3
+"""The test clients' ``unavailable_after``."""
+
+
+@pytest.fixture(autouse=True)
+def quick_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("truba.client.watch.CHECK_INTERVAL", 0.02)
+
+
+def stop(brokers: list[FakeBroker]) -> None:
+    """Every broker goes away: connections break and new ones are refused."""
+    for broker in brokers:
+        broker.refuse()
+        broker.break_connection()
+
+
+async def drain(stream: AsyncGenerator[Outcome, None]) -> list[Outcome]:
+    return [outcome async for outcome in stream]
+
+
+def events(caplog: pytest.LogCaptureFixture, event: str) -> int:
+    return sum(record.getMessage() == event for record in caplog.records)
+
+
+async def test_a_client_whose_brokers_are_stopped_gets_unavailable_within_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="truba.client")
+    scheduler = FakeScheduler([FakeBroker("fake://b0"), FakeBroker("fake://b1")])
+    async with client_for(scheduler, unavailable_after=BOUND) as client:
+        job = await client.create_job("h:f", frames=False)
+        other = await client.create_job("h:f", frames=False)
+        await job.submit(1)
+        await job.close()
+        stop(scheduler.brokers)
+        async with asyncio.timeout(10 * BOUND + 5):  # not forever
+            with pytest.raises(Unavailable, match="no broker"):
+                await drain(job.results())
+            with pytest.raises(Unavailable, match="no broker"):
+                await other.submit(2)
+    assert events(caplog, "client.brokers.unreachable") == 1  # one line per outage, not per try
+    assert not any(record.exc_info for record in caplog.records if record.levelno >= logging.WARNING)
+
+
+async def test_a_submit_or_close_waiting_on_stopped_brokers_gets_unavailable_within_its_bound() -> None:
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=BOUND) as client:
+        job = await client.create_job("h:f", frames=False)
+        scheduler.brokers[0].stall()  # taken, not confirmed
+        await job.submit(1)
+        stop(scheduler.brokers)
+        async with asyncio.timeout(10 * BOUND + 5):
+            with pytest.raises(Unavailable):
+                await job.submit(2)  # waits for a broker, then gives up: it was not submitted
+            assert job.submitted == 1
+            with pytest.raises(Unavailable):
+                await job.close()  # the first task's confirm cannot come
+
+
+async def test_an_outage_that_ends_in_time_is_told_once_and_the_job_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="truba.client")
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=30.0) as client:
+        job = await client.create_job("h:f", frames=False)
+        await job.submit(1)
+        await job.close()
+        stop(scheduler.brokers)
+        async with asyncio.timeout(10):
+            while not events(caplog, "client.brokers.unreachable"):
+                await asyncio.sleep(0.01)
+        scheduler.brokers[0].refuse(False)
+        async with asyncio.timeout(10):
+            while not events(caplog, "client.brokers.reachable"):
+                await asyncio.sleep(0.01)
+        (daemon,) = daemons_for(scheduler, job)
+        await daemon.run()
+        async with asyncio.timeout(10):
+            outcomes = await drain(job.results())
+    assert [o.result() for o in outcomes] == [1]
+    assert (
+        events(caplog, "client.brokers.unreachable") == 1 and events(caplog, "client.brokers.reachable") == 1
+    )
+
+
+async def test_a_client_whose_scheduler_is_unreachable_gets_unavailable_within_its_bound(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="truba.client")
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=BOUND) as client:
+        scheduler.fail("CreateJob", times=1000)
+        async with asyncio.timeout(10 * BOUND + 5):
+            with pytest.raises(Unavailable, match="did not answer within"):
+                await client.create_job("h:f")
+            scheduler.fail("GetJob", times=1000)
+            with pytest.raises(Unavailable):
+                await client.job("job1").info()
+    assert 2 <= scheduler.calls.count("CreateJob") < 1000  # tried again, then gave up
+    assert events(caplog, "client.scheduler.unreachable") == 1
+
+
+async def test_a_scheduler_back_within_the_bound_answers_the_waiting_call() -> None:
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=30.0) as client:
+        scheduler.fail("CreateJob", times=2)
+        job = await client.create_job("h:f")
+        assert scheduler.calls.count("CreateJob") == 3 and job.id == "job1"
+
+
+def test_an_outage_begins_when_the_last_broker_up_goes_down_not_at_an_old_failure() -> None:
+    now = [0.0]
+    reach = Reach(10.0, clock=lambda: now[0])
+    reach.broker_down("amqp://old", ConnectionError("gone"))  # a broker of an earlier run, at 0
+    reach.broker_up("amqp://new")
+    now[0] = 100.0
+    reach.broker_down("amqp://new", ConnectionError("stopped"))
+    assert not reach.brokers_out  # out since 100, not since 0
+    now[0] = 111.0
+    assert reach.brokers_out
+    with pytest.raises(Unavailable, match="no broker"):
+        reach.check_brokers("results")
+
+
+def test_a_broker_no_watch_checks_any_more_does_not_keep_an_outage_from_being_seen() -> None:
+    now = [0.0]
+    reach = Reach(10.0, clock=lambda: now[0])
+    reach.watch(["amqp://old"])
+    reach.broker_up("amqp://old")  # a finished job's broker, up when its watch stopped
+    reach.unwatch(["amqp://old"])
+    reach.watch(["amqp://new"])
+    reach.broker_down("amqp://new", ConnectionError("stopped"))
+    now[0] = 11.0
+    assert reach.brokers_out
+
+
+async def test_a_listing_asks_an_unreachable_scheduler_once() -> None:
+    scheduler = FakeScheduler([FakeBroker("fake://b0")])
+    async with client_for(scheduler, unavailable_after=30.0) as client:
+        scheduler.fail("ListJobs", times=5)
+        with pytest.raises(Unavailable):
+            await client.list_jobs()
+    assert scheduler.calls.count("ListJobs") == 1
