@@ -1,19 +1,24 @@
 """Delayed messages on real brokers: the delay levels hold them, no consumer does, and they come
-out on time (±1 s), in due order, also across a broker killed -9 and restarted."""
+out on time (±1 s), in due order, also across a broker killed -9 and restarted; a job's delayed
+tasks run on time and the job ends only after them."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+import truba
 from tests.integration.brokers import BrokerNode
+from tests.integration.processes import Cluster
 from truba.pipes import delay
 from truba.pipes.base import Listener
 from truba.pipes.broker import QueueSpec
 from truba.pipes.rabbit import RabbitBroker
+from truba.proto.v1 import jobs_pb2
 
 pytestmark = pytest.mark.integration
 
@@ -83,3 +88,32 @@ async def test_delayed_messages_survive_a_broker_killed_and_restarted_in_between
         await listener.close()
     finally:
         await broker.close()
+
+
+def test_delayed_tasks_of_a_job_run_on_time_in_due_order_and_the_job_ends_after_them(
+    rabbit_nodes: list[BrokerNode], tmp_path: Path
+) -> None:
+    cluster = Cluster(tmp_path, list[object](rabbit_nodes))
+    try:
+        cluster.start(daemons=1, slots=2)
+        with truba.connect(cluster.address) as client:
+            job = client.create_job(handler="tests.handlers.timing:started_at")
+            delays = [3, 1, 5, 2, 4, 1.5, 4.5, 2.5, 3.5]
+            dues: dict[str, float] = {}
+            for seconds in delays:
+                dues[job.submit(0.0, delay=seconds)] = time.time() + seconds
+            job.close()
+            assert client.get_job_info(job.id).state == jobs_pb2.JOB_STATE_CLOSED
+            outcomes = list(job.results())
+            info = client.get_job_info(job.id)
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.local.stop()
+    started = {o.task_id: float(o.value) for o in outcomes}  # type: ignore[arg-type]
+    assert sorted(started) == sorted(dues)
+    errors = {task_id: round(started[task_id] - due, 2) for task_id, due in dues.items()}
+    assert all(abs(error) <= TOLERANCE for error in errors.values()), errors
+    assert sorted(started, key=started.__getitem__) == sorted(dues, key=dues.__getitem__)
+    assert info.state == jobs_pb2.JOB_STATE_FINISHED
