@@ -16,7 +16,7 @@ from aio_pika.abc import AbstractChannel, FieldValue
 from truba.pipes import delay
 from truba.pipes.rabbit.errors import map_amqp_errors
 
-TOPIC: Final = "topic"
+HEADERS: Final = "headers"
 
 
 def level_arguments(level: int) -> dict[str, FieldValue]:
@@ -48,21 +48,21 @@ async def declare_levels(channel: AbstractChannel) -> None:
         await amqp.queue_bind(delay.ORPHANS, delay.ORPHANS)
         await amqp.exchange_declare(
             delay.OUT_EXCHANGE,
-            exchange_type=TOPIC,
+            exchange_type="direct",
             durable=True,
             arguments={"alternate-exchange": delay.ORPHANS},
         )
         for level in range(delay.LEVELS):
-            await amqp.exchange_declare(delay.level_name(level), exchange_type=TOPIC, durable=True)
+            await amqp.exchange_declare(delay.level_name(level), exchange_type=HEADERS, durable=True)
         for level in range(delay.LEVELS):
             name = delay.level_name(level)
             await amqp.queue_declare(name, durable=True, arguments=level_arguments(level))
-            await amqp.queue_bind(name, name, routing_key=delay.wait_pattern(level))
-            await amqp.exchange_bind(delay.next_hop(level), name, routing_key=delay.pass_pattern(level))
+            await amqp.queue_bind(name, name, arguments=dict(delay.wait_binding(level)))
+            await amqp.exchange_bind(delay.next_hop(level), name, arguments=dict(delay.pass_binding(level)))
 
 
 async def bind_target(channel: AbstractChannel, queue: str) -> None:
     """Routes due messages for ``queue`` into it (the queue exists)."""
     with map_amqp_errors(f"bind {queue} to the delay levels"):
         amqp = await channel.get_underlay_channel()
-        await amqp.queue_bind(queue, delay.OUT_EXCHANGE, routing_key=delay.target_pattern(queue))
+        await amqp.queue_bind(queue, delay.OUT_EXCHANGE, routing_key=queue)

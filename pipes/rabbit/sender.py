@@ -138,22 +138,21 @@ class RabbitSender:
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
         if time.time() - self._stamp >= 1.0:
             self._headers = self._stamped()
-        # Properties of its own for each message: aiormq writes a message id into them.
-        properties = spec.Basic.Properties(
-            delivery_mode=PERSISTENT, priority=self._priority, headers=self._headers
-        )
-        exchange, routing_key = "", self._queue
+        headers, exchange = self._headers, ""
         if self._delayed:
             due, body = delay.split_due(body)
             left = due - time.time()
-            if delay.delay_bits(left) > 0:
-                exchange, routing_key = delay.top_exchange(), delay.routing_key(left, self._queue)
+            if delay.delay_bits(left) > 0:  # else due now: straight to the queue
+                headers = {**headers, **delay.bit_headers(left)}
+                exchange = delay.first_exchange(left)
+        # Properties of its own for each message: aiormq writes a message id into them.
+        properties = spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority, headers=headers)
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed
                 # The confirm wait is bounded by _check_deadline (one timer for all messages).
                 await channel.basic_publish(
-                    body, exchange=exchange, routing_key=routing_key, properties=properties, mandatory=True
+                    body, exchange=exchange, routing_key=self._queue, properties=properties, mandatory=True
                 )
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})

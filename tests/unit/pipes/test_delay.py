@@ -3,7 +3,6 @@ delayed message until it is due (by an injected clock)."""
 
 from __future__ import annotations
 
-import re
 import time
 
 import pytest
@@ -25,23 +24,27 @@ class _Bytes:
         return data
 
 
-def _topic_matches(pattern: str, key: str) -> bool:
-    """AMQP topic matching: ``*`` one word, ``#`` zero or more."""
-    regex = pattern.replace(".", r"\.").replace("*", r"[^.]+").replace(r"\.#", r"(\.[^.]+)*")
-    return re.fullmatch(regex, key) is not None
+def _matches(binding: dict[str, str], headers: dict[str, str]) -> bool:
+    """A headers exchange's ``x-match: all``: every bound header present with its value."""
+    assert binding["x-match"] == "all"
+    return all(headers.get(key) == value for key, value in binding.items() if key != "x-match")
 
 
 def _path(seconds: float) -> list[int]:
-    """The levels a message waits in, following the bindings as RabbitMQ routes it."""
-    key = delay.routing_key(seconds, QUEUE)
+    """The levels a message waits in, following the bindings as RabbitMQ routes it from the
+    exchange it is published to down to the out exchange."""
+    headers = delay.bit_headers(seconds)
+    level = int(delay.first_exchange(seconds).rsplit(".", 1)[1])
     waits = []
-    for level in reversed(range(delay.LEVELS)):
-        if _topic_matches(delay.wait_pattern(level), key):
+    while level >= 0:
+        wait, pass_on = (
+            _matches(delay.wait_binding(level), headers),
+            _matches(delay.pass_binding(level), headers),
+        )
+        assert wait != pass_on  # exactly one way on
+        if wait:
             waits.append(level)
-        else:
-            assert _topic_matches(delay.pass_pattern(level), key)
-    assert _topic_matches(delay.target_pattern(QUEUE), key)
-    assert not _topic_matches(delay.target_pattern("truba.job.j2.tasks"), key)
+        level -= 1
     return waits
 
 
@@ -62,7 +65,7 @@ def test_a_delay_is_rounded_to_the_nearest_tick_and_never_negative() -> None:
 def test_delays_of_days_fit_and_a_delay_over_the_longest_is_refused() -> None:
     assert delay.MAX_DELAY > 365 * 86400
     with pytest.raises(ValueError, match="longest"):
-        delay.routing_key(delay.MAX_DELAY + 1, QUEUE)
+        delay.bit_headers(delay.MAX_DELAY + 1)
 
 
 def test_a_due_time_travels_in_front_of_the_body() -> None:
