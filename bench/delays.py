@@ -52,10 +52,9 @@ async def levels(node: LocalRabbitNode, tasks: int, spread: float) -> list[float
         await broker.declare(spec)
         sender = await broker.sender(spec, delayed=True, max_unconfirmed=1000)
         listener = await broker.listener(spec.name, prefetch=1000)
-        start = time.time()
         confirms = []
         for i, seconds in enumerate(_delays(tasks, spread)):
-            due = start + seconds
+            due = time.time() + seconds
             confirms.append(await sender.send(delay.with_due(f"{i}:{due!r}".encode(), due)))
         await asyncio.gather(*confirms)
         errors: list[float] = []
