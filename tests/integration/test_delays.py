@@ -117,3 +117,27 @@ def test_delayed_tasks_of_a_job_run_on_time_in_due_order_and_the_job_ends_after_
     assert all(abs(error) <= TOLERANCE for error in errors.values()), errors
     assert sorted(started, key=started.__getitem__) == sorted(dues, key=dues.__getitem__)
     assert info.state == jobs_pb2.JOB_STATE_FINISHED
+
+
+def test_a_jobs_delayed_tasks_survive_its_broker_killed_and_restarted_before_they_are_due(
+    fresh_nodes: Callable[[int], list[BrokerNode]], tmp_path: Path
+) -> None:
+    (node,) = fresh_nodes(1)
+    cluster = Cluster(tmp_path, [node])
+    try:
+        cluster.start(daemons=1, slots=2)
+        with truba.connect(cluster.address) as client:
+            # Classic task queue: see test_pipes_faults (3.10.8 and killed single-member quorum queues).
+            job = client.create_job(handler="tests.handlers.timing:started_at", queue_type="classic")
+            ids = [job.submit(0.0, delay=6 + i / 10) for i in range(20)]
+            job.close()  # every task confirmed: in the delay levels
+            node.kill()
+            node.restart()
+            outcomes = list(job.results())
+    except BaseException:
+        print(cluster.logs())
+        raise
+    finally:
+        cluster.local.stop()
+    assert sorted(o.task_id for o in outcomes) == sorted(ids)
+    assert all(o.ok for o in outcomes)
