@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import threading
 from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Iterator
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, TypeVar, Unpack, overload
 
@@ -82,9 +83,20 @@ class BlockingJob(Generic[P, R]):
         """Closed, and every submitted task has its outcome."""
         return self._job.done
 
-    def submit(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> str:
-        """Sends one task; returns its id (see Job.submit)."""
-        return self._run(self._job.submit(payload, priority=priority, timeout=timeout))
+    def submit(
+        self,
+        payload: P,
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        not_before: datetime | None = None,
+    ) -> str:
+        """Sends one task (``delay=`` seconds or ``not_before=`` an aware datetime: the brokers
+        hold it until then); returns its id (see Job.submit)."""
+        return self._run(
+            self._job.submit(payload, priority=priority, timeout=timeout, delay=delay, not_before=not_before)
+        )
 
     def call(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> R:
         """Submits one task and returns its result or raises its error (see Job.call)."""

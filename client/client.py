@@ -28,7 +28,7 @@ from typing import Any, Final, Literal, Unpack, overload
 import grpc.aio
 
 from truba.channel import Credentials, open_channel
-from truba.client.encoded import EncodedTask, EncodedTaskCodec
+from truba.client.encoded import DelayedTaskCodec, EncodedTask, EncodedTaskCodec
 from truba.client.errors import NoJournal, NotFound, map_rpc_errors
 from truba.client.framing import FrameSizer
 from truba.client.handler_name import handler_name
@@ -41,7 +41,7 @@ from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, chec
 from truba.client.outcome import R
 from truba.client.reach import ONCE_TIMEOUT, UNAVAILABLE_AFTER, Reach
 from truba.client.wiring import default_brokers
-from truba.pipes.base import Sender
+from truba.pipes.base import Codec, Sender
 from truba.pipes.broker import Broker, BrokerFactory
 from truba.pipes.frame import FrameLimits
 from truba.pipes.fsync import FsyncPolicy, check_policy
@@ -256,21 +256,25 @@ class Client:
         queues = queues_of(info.queues, info.settings)
         priorities = info.settings.priorities
 
-        def task_stack(priority: int) -> Sender[EncodedTask]:
+        def task_stack(route: tuple[int, bool]) -> Sender[EncodedTask]:
             # One stack per priority level in use: RabbitMQ reads priority from the AMQP
-            # properties, so each level's leaves publish with their own.
+            # properties, so each level's leaves publish with their own. Delayed tasks have
+            # stacks of their own, without frames: a frame's members would share one due time.
+            priority, delayed = route
             options = SendOptions(
                 max_unconfirmed=self._max_unconfirmed,
                 max_message_size=None,  # the job checks max_payload before the journal
                 priority=priority if priorities else None,
+                delayed=delayed,
             )
+            codec: Codec[EncodedTask] = DelayedTaskCodec() if delayed else EncodedTaskCodec()
             return send_stack(
-                EncodedTaskCodec(),
+                codec,
                 links,
                 queues.spec(queues.tasks),
-                role="tasks",
+                role="delayed-tasks" if delayed else "tasks",
                 options=options,
-                frames=frames,
+                frames=None if delayed else frames,
             ).sender
 
         # Every leaf shares one set of limits, which the job sizes (FrameSizer). Tasks of a job with
@@ -280,7 +284,9 @@ class Client:
         journal: TaskJournal = MemoryJournal()
         if self._journal_root is not None:
             journal = Journal.open(self.journal_path(info.id), fsync=self._journal_fsync)
-        tasks: RouteSender[EncodedTask, int] = RouteSender(lambda task: task.priority, task_stack)
+        tasks: RouteSender[EncodedTask, tuple[int, bool]] = RouteSender(
+            lambda task: (task.priority, task.not_before > 0), task_stack
+        )
         window = Window(self._result_prefetch)
         codec = ResultCodec(unpickle=info.settings.codec == "pickle")
         results = listen_stack(codec, links, queues.spec(queues.results), window, role="results")

@@ -5,20 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import final
 
+from truba.pipes.delay import split_due, with_due
 from truba.wire import TaskCodec, TaskMessage
 
 
 @dataclass(frozen=True, slots=True)
 class EncodedTask:
-    """A task's id and priority (the transport needs them) and its encoded :class:`TaskMessage`."""
+    """A task's id, priority and due time (the transport needs them) and its encoded
+    :class:`TaskMessage`."""
 
     task_id: str
     priority: int
     data: bytes
+    not_before: float = 0.0
+    """A delayed task's due time (Unix time); 0: none."""
 
     @classmethod
     def of(cls, message: TaskMessage) -> EncodedTask:
-        return cls(message.task_id, message.priority, TaskCodec().encode(message))
+        return cls(message.task_id, message.priority, TaskCodec().encode(message), message.not_before)
 
 
 @final
@@ -30,4 +34,17 @@ class EncodedTaskCodec:
 
     def decode(self, data: bytes) -> EncodedTask:
         task = TaskCodec().decode(data)
-        return EncodedTask(task.task_id, task.priority, data)
+        return EncodedTask(task.task_id, task.priority, data, task.not_before)
+
+
+@final
+class DelayedTaskCodec:
+    """The codec of the client's delayed-task stack: the due time in front of the task's bytes
+    (:func:`truba.pipes.delay.with_due`), which the brokers' delay levels read."""
+
+    def encode(self, message: EncodedTask) -> bytes:
+        return with_due(message.data, message.not_before)
+
+    def decode(self, data: bytes) -> EncodedTask:
+        _, body = split_due(data)
+        return EncodedTaskCodec().decode(body)

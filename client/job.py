@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterable, Coroutine, Iterable, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, cast
 
@@ -155,14 +156,7 @@ class Job(Generic[P, R]):
     async def cancel_quietly(self, cause: BaseException | None) -> None:
         """Cancels the job because of ``cause`` (raised on to the caller); a cancel that fails
         is logged and the job left running, resumable, so that ``cause`` is what the caller sees."""
-        try:
-            await self.cancel()
-        except Exception as exc:
-            log.warning("client.job.cancel_failed", extra={"job_id": self.id, "error": repr(exc)})
-            await self.detach(DETACH_SECONDS)
-            left_running(self.id, resumable=self.journal_path is not None)
-            return
-        log.info("client.job.cancelled_on_error", extra={"job_id": self.id, "error": repr(cause)})
+        await self._ending.cancel_quietly(cause)
 
     async def _start(self) -> None:
         """Sends what no broker confirmed (a resumed job), and starts watching for lost brokers."""
@@ -213,11 +207,17 @@ class Job(Generic[P, R]):
         """Where the job's tasks wait for their outcomes on disk (None: memory only)."""
         return None if self._journal.directory is None else str(self._journal.directory)
 
-    def _counts(self) -> tuple[int, int]:
-        return self.submitted, self.received
+    def _counts(self) -> tuple[int, int, int]:
+        return self.submitted, self.received, self._submission.delayed.pending()
 
     def submit(
-        self, payload: P, *, priority: int | None = None, timeout: float | None = None
+        self,
+        payload: P,
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        not_before: datetime | None = None,
     ) -> Coroutine[Any, Any, str]:
         """Sends one task; returns (awaited) its id once a broker accepted it for sending.
 
@@ -225,13 +225,22 @@ class Job(Generic[P, R]):
         taken. ``submit`` waits while the brokers are slow or blocked (each broker takes at
         most the client's ``max_unconfirmed`` unconfirmed tasks), so memory stays bounded.
 
+        A delayed task (``delay`` or ``not_before``) is held by the brokers until it is due
+        (±1 s; no consumer holds it meanwhile), survives a broker restart, and keeps the job
+        open: ``close()`` and ``results()`` end only once its outcome is in.
+
         Args:
             priority: 0 (the default) to 9, higher taken first; only for a job created with
                 ``priorities=True``.
             timeout: seconds to wait for a broker to take the task (None: as long as it takes).
+            delay: seconds to wait before the task may run (delays of days are fine).
+            not_before: the earliest time the task may run: an aware datetime (a naive one is
+                refused); one in the past means now.
 
         Raises:
-            ValueError: a priority on a job without priorities, or out of range (nothing sent).
+            ValueError: a priority on a job without priorities, or out of range; both ``delay``
+                and ``not_before``, a negative delay, a naive ``not_before``, or a due time
+                over the longest delay (13 years) (nothing sent).
             PipeClosed: the job was closed.
             CodecError: ``payload`` is not msgpack-serializable (nothing sent).
             MessageTooLarge: ``payload`` is over the client's ``max_payload`` (nothing sent).
@@ -241,7 +250,9 @@ class Job(Generic[P, R]):
         """
         # The submission's coroutine itself, not one awaiting it: no extra frame per task.
         sent = pickled_payload(payload) if self._pickle else payload
-        return self._submission.submit(sent, priority=priority, timeout=timeout)
+        return self._submission.submit(
+            sent, priority=priority, timeout=timeout, delay=delay, not_before=not_before
+        )
 
     async def close(self) -> None:
         """No more tasks: waits until brokers confirmed every task, then tells the scheduler."""

@@ -17,6 +17,7 @@ from typing import Final, final
 
 from truba.client.errors import Unavailable
 from truba.client.group import Groups
+from truba.client.interrupt import DETACH_SECONDS, left_running
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
 from truba.client.progress import ProgressReporter
@@ -102,6 +103,18 @@ class JobEnding:
         await self._calls.cancel()
         await self.drop_journal()
         log.info("client.job.cancelled", extra={"job_id": self._job_id, "pending": len(self._journal)})
+
+    async def cancel_quietly(self, cause: BaseException | None) -> None:
+        """Cancels because of ``cause``; a cancel that fails is logged and the job detached, left
+        running and resumable, so that ``cause`` is what the caller sees."""
+        try:
+            await self.cancel()
+        except Exception as exc:
+            log.warning("client.job.cancel_failed", extra={"job_id": self._job_id, "error": repr(exc)})
+            await self.detach(DETACH_SECONDS)
+            left_running(self._job_id, resumable=self._journal.directory is not None)
+            return
+        log.info("client.job.cancelled_on_error", extra={"job_id": self._job_id, "error": repr(cause)})
 
     async def stop_local(self) -> None:
         """No more work on the job here: reporter, loss watch and pipes stop; outcomes still

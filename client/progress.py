@@ -1,5 +1,6 @@
-"""A job's progress reports to the scheduler: how many tasks were submitted and how many
-outcomes taken, which the scheduler sizes the job's share by.
+"""A job's progress reports to the scheduler: how many tasks were submitted, how many
+outcomes taken, and how many delayed tasks are not due yet, which the scheduler sizes the job's
+share by.
 
 Every submit and every outcome taken pokes the reporter (:meth:`ProgressReporter.poke`: a flag,
 nothing more on the hot path); one background task coalesces the pokes into at most one
@@ -31,13 +32,13 @@ report towards the job's demand only while it is recent."""
 
 @final
 class ProgressReporter:
-    """Reports ``counts()`` (submitted, received) of job ``job_id``, coalesced; see the module."""
+    """Reports ``counts()`` (submitted, received, delayed) of job ``job_id``, coalesced; see the module."""
 
     def __init__(
         self,
         jobs: jobs_pb2_grpc.JobServiceAsyncStub,
         job_id: str,
-        counts: Callable[[], tuple[int, int]],
+        counts: Callable[[], tuple[int, int, int]],
         *,
         interval: float = PROGRESS_INTERVAL,
         keepalive: float = PROGRESS_KEEPALIVE,
@@ -52,7 +53,7 @@ class ProgressReporter:
         """The reporter, started by the first poke; once stopped, never started again."""
 
     def poke(self) -> None:
-        """Submitted or received changed: the scheduler hears of it soon."""
+        """Submitted, received or delayed changed: the scheduler hears of it soon."""
         self._wake.set()
         if self._task is None:
             self._task = asyncio.create_task(self._run(), name=f"progress-{self._job_id}")
@@ -65,7 +66,7 @@ class ProgressReporter:
                 await self._task
 
     async def _run(self) -> None:
-        last = (-1, -1)
+        last = (-1, -1, -1)
         while True:
             keepalive = False
             try:
@@ -76,9 +77,9 @@ class ProgressReporter:
             self._wake.clear()
             now = self._counts()
             if now != last or keepalive:
-                submitted, received = now
+                submitted, received, delayed = now
                 request = jobs_pb2.ReportProgressRequest(
-                    job_id=self._job_id, submitted=submitted, received=received
+                    job_id=self._job_id, submitted=submitted, received=received, delayed=delayed
                 )
                 try:
                     with map_rpc_errors():  # bounded: a scheduler that never answers only delays it

@@ -23,9 +23,12 @@ import contextlib
 import functools
 import logging
 import secrets
+import time
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Final, final
 
+from truba.client.delays import DelayedCount, due_time
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import Unavailable
 from truba.client.journal import TaskJournal
@@ -89,6 +92,8 @@ class Submission:
         """Confirms awaited, by task."""
         self._failed: set[str] = set()
         """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
+        self.delayed = DelayedCount(on_change)
+        """Delayed tasks not due yet (the progress reports say how many)."""
         self.watch = LossWatch(links, marker, self._brokers_lost, job_id=job_id, known=resumed, reach=reach)
 
     async def start(self) -> None:
@@ -108,9 +113,16 @@ class Submission:
             await self._send_again(unconfirmed)
 
     async def submit(
-        self, payload: object, *, priority: int | None = None, timeout: float | None = None
+        self,
+        payload: object,
+        *,
+        priority: int | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        not_before: datetime | None = None,
     ) -> str:
         """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`."""
+        due = 0.0 if delay is None and not_before is None else due_time(delay, not_before, time.time())
         if self._status.closed:
             raise PipeClosed(f"job {self._job_id} is closed: no more tasks")
         if priority is not None:
@@ -119,7 +131,7 @@ class Submission:
             if not 0 <= priority <= MAX_PRIORITY:
                 raise ValueError(f"priority: must be 0..{MAX_PRIORITY}, got {priority}")
         task_id = f"{self._prefix}-{self._next}"
-        task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0))
+        task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0, not_before=due))
         if len(task.data) > self._max_payload:
             raise MessageTooLarge(
                 f"task {task_id}: {len(task.data)} bytes encoded, over max_payload={self._max_payload}: "
@@ -143,6 +155,8 @@ class Submission:
             self._journal.withdraw(task_id)
             raise
         self._watch_confirm(task_id, confirmation)
+        if due:
+            self.delayed.add(task_id, due)
         self._on_change()
         log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
         return task_id
@@ -175,9 +189,12 @@ class Submission:
                 if data is None:  # its outcome came meanwhile
                     continue
                 self._failed.discard(task_id)
+                task = codec.decode(data)
                 async with self._reach.bounded(f"send job {self._job_id}'s tasks again"):
-                    confirmation = await self._tasks.send(codec.decode(data))
+                    confirmation = await self._tasks.send(task)
                 self._watch_confirm(task_id, confirmation)
+                if task.not_before:  # it waits only what is left of its delay
+                    self.delayed.add(task_id, task.not_before)
 
     async def _brokers_lost(self, brokers: Sequence[Broker]) -> None:
         """Brokers lost their data: every task without an outcome may have been there (its task
@@ -228,6 +245,7 @@ class Submission:
 
     async def close(self) -> None:
         """Closes the task pipe (a broken one too); idempotent. Stop :attr:`watch` first."""
+        self.delayed.stop()
         with contextlib.suppress(PipeError):
             await self._tasks.close()
 

@@ -85,6 +85,7 @@ class MeteredBroker:
         max_unconfirmed: int = 1000,
         priority: int | None = None,
         copy_to: str | QueueSpec | None = None,
+        delayed: bool = False,
     ) -> Sender[bytes]:
         leaf = await self.inner.sender(
             queue,
@@ -92,6 +93,7 @@ class MeteredBroker:
             max_unconfirmed=max_unconfirmed,
             priority=priority,
             copy_to=copy_to,
+            delayed=delayed,
         )
         return MeteredSender(leaf, self.tally)
 

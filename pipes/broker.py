@@ -37,13 +37,15 @@ class QueueSpec:
     ``"classic"``, or ``"stream"`` (an append-only log read from a point in time, kept for a
     bounded age and size: the *log* of :meth:`Broker.read_log`). ``dead_letter_to`` names the
     queue rejected messages go to. ``max_priority`` makes a priority queue (classic queues only
-    on RabbitMQ 3.x).
+    on RabbitMQ 3.x). ``delays``: the queue takes delayed messages (:mod:`truba.pipes.delay`):
+    declaring it also declares the broker's delay levels (once per connection) and binds it to them.
     """
 
     name: str
     kind: str = "quorum"
     dead_letter_to: str | None = None
     max_priority: int | None = None
+    delays: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in QUEUE_KINDS:
@@ -109,6 +111,7 @@ class Broker(Protocol):
         max_unconfirmed: int = 1000,
         priority: int | None = None,
         copy_to: QueueRef | None = None,
+        delayed: bool = False,
     ) -> Sender[bytes]:
         """A fresh sending leaf publishing persistent messages to ``queue``.
 
@@ -116,7 +119,10 @@ class Broker(Protocol):
         given: an extra, so a copy queue that cannot be declared is skipped with a warning).
         Sends wait while ``max_unconfirmed`` messages await their confirm; a confirm not in
         within ``confirm_timeout`` fails it (the message stays in ``unconfirmed()``).
-        ``priority`` is the priority every message carries.
+        ``priority`` is the priority every message carries. ``delayed``: every message is a
+        due time and a body (:func:`truba.pipes.delay.with_due`); the broker holds the body
+        until then, no consumer holding it, and then puts it in ``queue`` (a spec with
+        ``delays=True``, or a queue bound to the delay levels); the confirm says the broker has it.
 
         Raises:
             ConnectionLost, SendTimeout: the broker cannot be reached (now).

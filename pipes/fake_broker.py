@@ -18,18 +18,27 @@ The test scripts failures (after tower-test's handle, as the other fakes here):
 - :meth:`FakeBroker.drop_queue`: one queue and its messages are gone (its consumers break);
 - :meth:`FakeBroker.lose_data`: the broker came back empty (every queue gone, connections broken).
 
-Nothing here touches the network; only the stall's confirm timeout uses the clock.
+Delayed messages (a sender opened with ``delayed=True``, :mod:`truba.pipes.delay`) are confirmed at
+once and held by the broker, in no queue, until their due time by the broker's ``clock``; then
+they are put in their queue (dropped if it is gone, like an orphan on RabbitMQ). With the real
+clock (the default) a timer releases them; a test with its own clock calls
+:meth:`FakeBroker.release_due` after moving it. :meth:`FakeBroker.lose_data` loses them too.
+
+Nothing here touches the network; only the stall's confirm timeout and the delays use the clock.
 """
 
 from __future__ import annotations
 
 import asyncio
+import heapq
+import itertools
+import time
 from collections.abc import Callable
 from typing import final
 
 from truba.pipes.broker import QueueRef, QueueSpec
 from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
-from truba.pipes.fake_leaves import FakeBrokerListener, FakeBrokerSender, FakeQueue
+from truba.pipes.fake_leaves import FakeBrokerListener, FakeBrokerSender, FakeMessage, FakeQueue
 
 __all__ = ["FakeBroker"]
 
@@ -38,7 +47,15 @@ __all__ = ["FakeBroker"]
 class FakeBroker:
     """An in-memory broker; see the module docstring. ``url`` is its identity (``fake://b0``)."""
 
-    def __init__(self, url: str = "fake://b0", *, name: str = "fake") -> None:
+    def __init__(
+        self, url: str = "fake://b0", *, name: str = "fake", clock: Callable[[], float] | None = None
+    ) -> None:
+        self.clock: Callable[[], float] = clock or time.time
+        """The broker's clock for delayed messages (Unix time)."""
+        self._timed = clock is None
+        self._held: list[tuple[float, int, str, FakeMessage]] = []
+        """Delayed messages not due yet: (due, order, queue, message), a heap."""
+        self._order = itertools.count()
         self._url = url
         self._name = name
         self.queues: dict[str, FakeQueue] = {}
@@ -71,6 +88,7 @@ class FakeBroker:
         max_unconfirmed: int = 1000,
         priority: int | None = None,
         copy_to: QueueRef | None = None,
+        delayed: bool = False,
     ) -> FakeBrokerSender:
         self._check_reachable()
         if isinstance(queue, QueueSpec):
@@ -78,7 +96,9 @@ class FakeBroker:
         if isinstance(copy_to, QueueSpec):
             await self.declare(copy_to)
         copy = None if copy_to is None else _name(copy_to)
-        leaf = FakeBrokerSender(self, _name(queue), confirm_timeout, max_unconfirmed, priority, copy)
+        leaf = FakeBrokerSender(
+            self, _name(queue), confirm_timeout, max_unconfirmed, priority, copy, delayed=delayed
+        )
         self._leaves.add(leaf)
         return leaf
 
@@ -160,9 +180,33 @@ class FakeBroker:
                 leaf.fail(ChannelLost(f"{name}: the queue was deleted (scripted)"))
 
     def lose_data(self) -> None:
-        """The broker came back empty: every queue is gone and every connection broken."""
+        """The broker came back empty: every queue is gone, delayed messages too, and every
+        connection broken."""
         self.queues.clear()
+        self._held.clear()
         self.break_connection()
+
+    def held(self, queue: str) -> list[bytes]:
+        """The bodies of delayed messages for ``queue`` not due yet, soonest first."""
+        return [message.body for _, _, name, message in sorted(self._held) if name == queue]
+
+    def release_due(self) -> int:
+        """Puts every delayed message due by :attr:`clock` in its queue; returns how many."""
+        now = self.clock()
+        released = 0
+        while self._held and self._held[0][0] <= now:
+            _, _, name, message = heapq.heappop(self._held)
+            target = self.queues.get(name)
+            if target is not None:
+                target.put(message)
+                released += 1
+        return released
+
+    def hold(self, queue: str, due: float, message: FakeMessage) -> None:
+        """For the leaves: keeps a delayed message until ``due``."""
+        heapq.heappush(self._held, (due, next(self._order), queue, message))
+        if self._timed:
+            asyncio.get_running_loop().call_later(max(0.0, due - self.clock()), self.release_due)
 
     def messages(self, queue: str) -> list[bytes]:
         """The bodies ready in ``queue`` (a stream: its log), oldest first."""

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final, final
 
+from truba.pipes import delay
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.broker import SENT_AT, QueueSpec
 from truba.pipes.errors import (
@@ -69,8 +70,10 @@ class FakeBrokerSender:
         max_unconfirmed: int,
         priority: int | None,
         copy_to: str | None,
+        delayed: bool = False,
     ) -> None:
         self.queue = queue
+        self._delayed = delayed
         self._broker = broker
         self._confirm_timeout = confirm_timeout
         self._max = max_unconfirmed
@@ -103,13 +106,18 @@ class FakeBrokerSender:
             headers["priority"] = self._priority
         target = broker.queues.get(self.queue)
         outcome: PipeError | None = None
-        if target is None:
+        body = message
+        if self._delayed:
+            due, body = delay.split_due(message)
+        if self._delayed and due > broker.clock():
+            broker.hold(self.queue, due, FakeMessage(body, headers))  # the delay levels take it
+        elif target is None:
             outcome = MessageRejected(f"{self.queue}: unroutable (NO_ROUTE) on {broker.url}")
         else:
-            target.put(FakeMessage(message, headers))
+            target.put(FakeMessage(body, headers))
             copy = broker.queues.get(self._copy_to) if self._copy_to is not None else None
             if copy is not None:
-                copy.put(FakeMessage(message, dict(headers)))
+                copy.put(FakeMessage(body, dict(headers)))
         if broker.stalled:
             self._held[seq] = outcome
             asyncio.get_running_loop().call_later(self._confirm_timeout, self._time_out, seq)

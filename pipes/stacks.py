@@ -67,6 +67,10 @@ class SendOptions:
     copy_to: str | QueueSpec | None = None
     """A second queue each broker also puts every message in, in the same confirm (the daemon's
     results go to the job's record too: see truba.pipes.result_log)."""
+    delayed: bool = False
+    """Each message is a due time and a body (:func:`truba.pipes.delay.with_due`): the brokers hold
+    it until then (:mod:`truba.pipes.delay`). Such a stack has no frames: a frame's members would
+    share one due time."""
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,7 @@ def _sender_connector(
             max_unconfirmed=options.max_unconfirmed,
             priority=options.priority,
             copy_to=options.copy_to,
+            delayed=options.delayed,
         )
 
     return connect
@@ -138,6 +143,8 @@ def send_stack(
     those (shared) limits.
     """
     opts = options or SendOptions()
+    if opts.delayed and frames is not None:
+        raise ValueError("a stack of delayed messages has no frames: its members would share one due time")
     name = _name(queue)
     links: list[ReopenSender[bytes]] = []
     leaves: list[Sender[bytes]] = []

@@ -107,11 +107,21 @@ class BrokerAdmin:
         await connection.close()
 
     async def declare(self, queues: JobQueues) -> None:
-        """Declares the job's queues and its record stream (idempotent)."""
+        """Declares the job's queues and its record stream (idempotent).
+
+        The task queue goes first, on its own time bound: on a broker's first job it also
+        declares the broker's delay levels (32 quorum queues: seconds on a busy machine)."""
+        tasks = queues.spec(queues.tasks)
+
+        async def declare_tasks(connection: AdminConnection) -> None:
+            await connection.declare(queues.spec(queues.dead))  # the task queue dead-letters there
+            await connection.declare(tasks)
+
+        await self._run(f"declare {queues.tasks}", declare_tasks)
 
         async def declare_all(connection: AdminConnection) -> None:
             for spec in queues.specs():
-                if spec.name != queues.result_log:
+                if spec.name not in (queues.result_log, queues.tasks, queues.dead):
                     await connection.declare(spec)
             try:
                 await connection.declare(queues.spec(queues.result_log))

@@ -3,8 +3,8 @@
 The scheduler never asks brokers how long a job's queue is (synchronous AMQP
 operations are a finite resource); it adds up what the two ends report instead:
 
-- the **client** reports how many tasks it has submitted (``ReportProgress``), and CloseJob
-  the final count;
+- the **client** reports how many tasks it has submitted (``ReportProgress``), how many of
+  them are delayed and not due yet, and CloseJob the final count;
 - each **daemon** reports, in every heartbeat, per job: attempts done and failed since the
   daemon started (cumulative, so a lost heartbeat loses nothing), slots busy, deliveries
   waiting, and a moving average of a task's run time.
@@ -15,9 +15,10 @@ the job's total) first. Totals are therefore exact across daemon restarts and, b
 per-daemon rows are stored, across scheduler restarts too (a daemon reconnecting to a restarted
 scheduler reports the same cumulative numbers, which replace the stored row).
 
-**Demand** is the slots a job could use now: its outstanding tasks (submitted, not finished),
-and for an open job at least what Little's law says a steady stream needs (submission rate ×
-service time). A job no client has reported on since the scheduler started has unknown demand
+**Demand** is the slots a job could use now: its outstanding tasks (submitted, not finished,
+not delayed past now: a delayed task is no demand until it is due), and for an open job at
+least what Little's law says a steady stream needs (rate of tasks becoming runnable × service
+time). A job no client has reported on since the scheduler started has unknown demand
 (None): the planner treats it as unbounded until the first report.
 
 **What a listing shows** (:meth:`JobCounters.shown`) differs from the raw sums: the daemons count
@@ -78,6 +79,8 @@ class _PerDaemon:
 class _JobCounters:
     submitted: int = 0
     received: int = 0
+    delayed: int = 0
+    """Tasks the client last said are delayed and not due yet (not stored: it reports again)."""
     reported: bool = False
     """A client reported since this scheduler started (else demand is unknown)."""
     retired_done: int = 0
@@ -130,15 +133,22 @@ class JobCounters:
 
     # -- reports ---------------------------------------------------------------------------------
 
-    def client_report(self, job_id: str, submitted: int, received: int, now: float) -> bool:
-        """A client's numbers; smaller ones than already known are ignored. True if anything changed."""
+    def client_report(
+        self, job_id: str, submitted: int, received: int, now: float, *, delayed: int = 0
+    ) -> bool:
+        """A client's numbers; smaller ones than already known are ignored, but for ``delayed``
+        (tasks not due yet: it goes down as they fall due). True if anything changed."""
         job = self._job(job_id)
         job.reported = True
         added = submitted - job.submitted
+        # The rate is of tasks becoming runnable: delayed ones count when they fall due.
+        runnable = (submitted - delayed) - (job.submitted - job.delayed)
+        delayed_changed = delayed != job.delayed
+        job.delayed = delayed
         if job.rate_at is not None and now > job.rate_at:
             elapsed = now - job.rate_at
             decay = math.exp(-elapsed * math.log(2) / RATE_HALF_LIFE)
-            job.rate = job.rate * decay + max(added, 0) / elapsed * (1 - decay)
+            job.rate = job.rate * decay + max(runnable, 0) / elapsed * (1 - decay)
         job.rate_at = now
         job.reported_at = now
         changed = added > 0 or received > job.received
@@ -146,7 +156,7 @@ class JobCounters:
         job.received = max(job.received, received)
         if changed:
             self._dirty.add(job_id)
-        return changed
+        return changed or delayed_changed
 
     def daemon_report(self, daemon_id: str, stats: Iterable[DaemonJobStats]) -> set[str]:
         """A daemon's heartbeat numbers; returns the ids of jobs whose counts changed."""
@@ -212,18 +222,19 @@ class JobCounters:
         if closed_submitted is None and (job is None or not job.reported):
             return None
         counts = self.counts(job_id, closed_submitted or 0)
-        outstanding = max(0, counts.submitted - counts.done - counts.failed)
+        delayed = job.delayed if job is not None and _fresh(job.reported_at, now) else 0
+        outstanding = max(0, counts.submitted - counts.done - counts.failed - delayed)
         if closed_submitted is None and job is not None and counts.service_time > 0:
             outstanding = max(outstanding, math.ceil(job.rate * counts.service_time))
         if (
             outstanding == 0
             and job is not None
             and _fresh(job.reported_at, now)
-            and counts.submitted > job.received
+            and counts.submitted - delayed > job.received
         ):
             # Tasks are left, but not how many: keep what runs or waits, and probe for one more.
             waiting = sum(d.waiting for d in job.daemons.values())
-            outstanding = min(counts.submitted - job.received, counts.running + waiting + 1)
+            outstanding = min(counts.submitted - delayed - job.received, counts.running + waiting + 1)
         return outstanding
 
     def shown(

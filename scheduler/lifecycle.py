@@ -209,8 +209,9 @@ class JobLifecycle:
         self._assigner.replan()
         return job
 
-    def report_progress(self, job_id: str, submitted: int, received: int) -> None:
-        """A client's task counters for a runnable job (they feed its demand).
+    def report_progress(self, job_id: str, submitted: int, received: int, delayed: int = 0) -> None:
+        """A client's task counters for a runnable job (they feed its demand; ``delayed`` tasks,
+        not due yet, do not).
 
         Raises:
             InvalidArgument, NotFound: as :meth:`get`, or a count too large to store.
@@ -218,12 +219,14 @@ class JobLifecycle:
         """
         submitted = check_submitted(submitted)
         received = check_submitted(received, field="received")
+        delayed = check_submitted(delayed, field="delayed")
         job = self.get(job_id)
         if not job.runnable:
             raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: no progress to report")
-        if self.counters.client_report(job.id, submitted, received, self._clock()):
+        if self.counters.client_report(job.id, submitted, received, self._clock(), delayed=delayed):
             log.debug(
-                "sched.job.progress", extra={"job_id": job.id, "submitted": submitted, "received": received}
+                "sched.job.progress",
+                extra={"job_id": job.id, "submitted": submitted, "received": received, "delayed": delayed},
             )
             self.events.publish(job.id, EventKind.PROGRESS)
             if job.state is JobState.OPEN and received >= submitted > 0:

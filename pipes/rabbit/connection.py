@@ -17,6 +17,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection, FieldValue
 from truba.pipes.broker import Broker, BrokerFactory, Browsed, QueueSpec, redact
 from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
 from truba.pipes.rabbit.browse import browse
+from truba.pipes.rabbit.delays import bind_target, declare_levels
 from truba.pipes.rabbit.errors import map_amqp_errors
 from truba.pipes.rabbit.listener import RabbitListener
 from truba.pipes.rabbit.quiet import quiet_amqp_logs
@@ -67,6 +68,8 @@ class RabbitConnection:
         self.url = url
         self.name = name
         self._dead = False
+        self._levels = False
+        """The delay levels were declared on this connection."""
 
     @classmethod
     async def open(
@@ -116,6 +119,7 @@ class RabbitConnection:
         max_unconfirmed: int = 1000,
         priority: int | None = None,
         copy_to: str | QueueSpec | None = None,
+        delayed: bool = False,
     ) -> RabbitSender:
         """A sender publishing to ``queue`` through the default exchange on a confirm channel.
 
@@ -123,7 +127,8 @@ class RabbitConnection:
         reconnect: a broker whose data was wiped gets the queue back instead of returning
         every message as unroutable). ``copy_to`` names a second queue every message is also
         put in, within the same confirm (declared the same way when it is a spec, but a copy is
-        an extra: if it cannot be declared, messages go to ``queue`` alone).
+        an extra: if it cannot be declared, messages go to ``queue`` alone). ``delayed``: each
+        message is a due time and a body, published into the delay levels (:mod:`truba.pipes.delay`).
         """
         redeclare = None
         if isinstance(queue, QueueSpec) or isinstance(copy_to, QueueSpec):
@@ -147,6 +152,7 @@ class RabbitConnection:
             redeclare,
             priority,
             copy_to=None if copy_to is None else _name(copy_to),
+            delayed=delayed,
         )
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:
@@ -196,8 +202,18 @@ class RabbitConnection:
         try:
             with map_amqp_errors(f"declare {spec.name}"):
                 await channel.declare_queue(spec.name, durable=True, arguments=queue_arguments(spec))
+            if spec.delays:
+                await self._declare_delays(channel, spec.name)
         finally:
             await close_quietly(channel)
+
+    async def _declare_delays(self, channel: AbstractChannel, queue: str) -> None:
+        """The delay levels (once per connection), and ``queue`` bound to them."""
+        if not self._levels:
+            await declare_levels(channel)
+            self._levels = True
+            log.info("pipe.rabbit.delay_levels_declared", extra={"broker": redact(self.url)})
+        await bind_target(channel, queue)
 
     async def delete(self, queue: str) -> None:
         """Deletes a queue and its messages; a queue that does not exist is not an error."""
@@ -283,6 +299,7 @@ class RabbitBroker:
         max_unconfirmed: int = 1000,
         priority: int | None = None,
         copy_to: str | QueueSpec | None = None,
+        delayed: bool = False,
     ) -> RabbitSender:
         """A fresh sending leaf on the shared connection (a connector for reopen)."""
         connection = await self.connection()
@@ -292,6 +309,7 @@ class RabbitBroker:
             max_unconfirmed=max_unconfirmed,
             priority=priority,
             copy_to=copy_to,
+            delayed=delayed,
         )
 
     async def listener(self, queue: str | QueueSpec, *, prefetch: int) -> RabbitListener:

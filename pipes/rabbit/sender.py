@@ -12,6 +12,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
+from truba.pipes import delay
 from truba.pipes.backpressure import Window
 from truba.pipes.base import Confirmation, fail_confirmation
 from truba.pipes.broker import SENT_AT, redact
@@ -40,7 +41,10 @@ class RabbitSender:
     ``priority`` (AMQP property) if given: one sender per priority level (see RouteSender). With
     ``copy_to``, the broker also puts every message in that queue (a ``BCC`` header: RabbitMQ's
     sender-selected distribution), and confirms it only once both queues have it. Every message
-    carries the header :data:`SENT_AT` (whole seconds, this host's clock).
+    carries the header :data:`SENT_AT` (whole seconds, this host's clock). With ``delayed``,
+    each message is a due time and a body (:func:`truba.pipes.delay.with_due`): the body is
+    published into the broker's delay levels with the delay left at publish time (or straight
+    to the queue when nothing is left); :meth:`unconfirmed` lists it with its due time.
 
     Hot path: a message is published on the channel's aiormq layer with prebuilt properties
     (no aio-pika ``Message`` per message), and the confirm timeout is one timer for the oldest
@@ -59,8 +63,10 @@ class RabbitSender:
         priority: int | None = None,
         *,
         copy_to: str | None = None,
+        delayed: bool = False,
     ) -> None:
         self._channel = channel
+        self._delayed = delayed
         self._priority = priority
         self._copy_to: list[FieldValue] | None = None if copy_to is None else [copy_to]
         self._stamp = 0
@@ -132,16 +138,21 @@ class RabbitSender:
     async def _publish(self, seq: int, body: bytes, confirmation: Confirmation) -> None:
         if time.time() - self._stamp >= 1.0:
             self._headers = self._stamped()
+        headers, exchange = self._headers, ""
+        if self._delayed:
+            due, body = delay.split_due(body)
+            left = due - time.time()
+            if delay.delay_bits(left) > 0:  # else due now: straight to the queue
+                headers = {**headers, **delay.bit_headers(left)}
+                exchange = delay.first_exchange(left)
         # Properties of its own for each message: aiormq writes a message id into them.
-        properties = spec.Basic.Properties(
-            delivery_mode=PERSISTENT, priority=self._priority, headers=self._headers
-        )
+        properties = spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority, headers=headers)
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed
                 # The confirm wait is bounded by _check_deadline (one timer for all messages).
                 await channel.basic_publish(
-                    body, routing_key=self._queue, properties=properties, mandatory=True
+                    body, exchange=exchange, routing_key=self._queue, properties=properties, mandatory=True
                 )
         except MessageRejected as exc:
             log.warning("pipe.rabbit.rejected", extra={"queue": self._queue, "error": str(exc)})

@@ -294,21 +294,25 @@ class ReportProgressRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _builtins.int
     SUBMITTED_FIELD_NUMBER: _builtins.int
     RECEIVED_FIELD_NUMBER: _builtins.int
+    DELAYED_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     submitted: _builtins.int
     """Tasks submitted so far (monotonic; a smaller value than the last is ignored)."""
     received: _builtins.int
     """Outcomes the client has taken so far."""
+    delayed: _builtins.int
+    """Tasks submitted with a delay that are not due yet (not demand for slots until they are)."""
     def __init__(
         self,
         *,
         job_id: _builtins.str = ...,
         submitted: _builtins.int = ...,
         received: _builtins.int = ...,
+        delayed: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "received", b"received", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delayed", b"delayed", "job_id", b"job_id", "received", b"received", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

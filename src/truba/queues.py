@@ -21,6 +21,9 @@ CPU in the queue)."""
 class JobQueues:
     """Names of one job's queues (each exists once on every broker) and their RabbitMQ type.
 
+    The task queue takes delayed tasks: declaring it declares the broker's delay levels (once per
+    connection) and binds it to them (:mod:`truba.pipes.delay`).
+
     ``kind`` is the type of the task and result queues, ``"quorum"`` or ``"classic"``; the
     dead-letter queue is always classic (it is only read by people and tools).
     """
@@ -57,6 +60,7 @@ class JobQueues:
                 kind=self.kind,
                 dead_letter_to=self.dead,
                 max_priority=MAX_PRIORITY if self.priorities else None,
+                delays=True,
             ),
             QueueSpec(self.results, kind=self.kind, dead_letter_to=self.dead),
             QueueSpec(self.result_log, kind="stream"),

@@ -45,6 +45,9 @@ class TaskMessage:
     payload: object
     attempts: int = 0
     priority: int = 0
+    not_before: float = 0.0
+    """A delayed task's due time (Unix time; 0: none): the brokers held it until then. In the
+    body so that the client's journal knows it when the task is sent again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +129,8 @@ def _count(extras: dict[object, object], key: str, default: int, what: str) -> i
 
 
 class TaskCodec:
-    """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p}`` when not 0)."""
+    """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p,
+    "not_before": t}``, each when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
         fields: list[object] = [FORMAT, message.task_id, message.payload]
@@ -135,6 +139,8 @@ class TaskCodec:
             extras["attempts"] = message.attempts
         if message.priority:
             extras["priority"] = message.priority
+        if message.not_before:
+            extras["not_before"] = message.not_before
         if extras:
             fields.append(extras)
         return _pack(fields, f"task {message.task_id} payload")
@@ -146,7 +152,10 @@ class TaskCodec:
         extras = _extras(obj, 3, "task")
         attempts = _count(extras, "attempts", 0, "task")
         priority = _count(extras, "priority", 0, "task")
-        return TaskMessage(obj[1], obj[2], attempts, priority)
+        not_before = extras.get("not_before", 0.0)
+        if not isinstance(not_before, (int, float)) or isinstance(not_before, bool):
+            raise CodecError(f"task: not_before must be a number, got {not_before!r:.40}")
+        return TaskMessage(obj[1], obj[2], attempts, priority, float(not_before))
 
 
 class ResultCodec:

@@ -45,6 +45,8 @@ class FakeScheduler:
         self.calls: list[str] = []
         """Every method called, in order (failed calls too)."""
         self.progress: list[tuple[str, int, int]] = []
+        self.delayed: list[int] = []
+        """The delayed count of each progress report, in order."""
         """ReportProgress calls answered: (job id, submitted, received)."""
         self._failing: dict[str, list[grpc.StatusCode]] = {}
         self.watch_hangs = False
@@ -132,6 +134,7 @@ class FakeScheduler:
         self._enter("ReportProgress")
         self._live(request.job_id)
         self.progress.append((request.job_id, request.submitted, request.received))
+        self.delayed.append(request.delayed)
         return jobs_pb2.ReportProgressResponse()
 
     async def CloseJob(self, request: jobs_pb2.CloseJobRequest, **_: object) -> jobs_pb2.Job:

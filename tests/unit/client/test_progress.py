@@ -27,7 +27,7 @@ async def test_pokes_are_coalesced_and_the_last_counts_are_reported() -> None:
     scheduler = FakeScheduler()
     job_id = await started_job(scheduler)
     counts = [0, 0]
-    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (counts[0], counts[1]), interval=0.05)
+    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (counts[0], counts[1], 0), interval=0.05)
     for n in range(1, 101):  # a burst of submits: one report soon, then the rest coalesced
         counts[0] = n
         reporter.poke()
@@ -43,7 +43,7 @@ async def test_pokes_are_coalesced_and_the_last_counts_are_reported() -> None:
 async def test_an_unchanged_progress_is_said_again_as_a_keepalive() -> None:
     scheduler = FakeScheduler()
     job_id = await started_job(scheduler)
-    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (3, 1), interval=0.01, keepalive=0.05)
+    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (3, 1, 0), interval=0.01, keepalive=0.05)
     reporter.poke()
     await until(lambda: len(scheduler.progress) >= 3)
     assert set(scheduler.progress) == {(job_id, 3, 1)}
@@ -54,7 +54,7 @@ async def test_an_unreachable_scheduler_only_delays_the_report() -> None:
     scheduler = FakeScheduler()
     job_id = await started_job(scheduler)
     scheduler.fail("ReportProgress", times=2)
-    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (5, 0), interval=0.01)
+    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (5, 0, 0), interval=0.01)
     reporter.poke()
     await until(lambda: scheduler.progress == [(job_id, 5, 0)])
     assert scheduler.calls.count("ReportProgress") == 3
@@ -65,7 +65,7 @@ async def test_a_job_that_ended_stops_the_reporter() -> None:
     scheduler = FakeScheduler()
     job_id = await started_job(scheduler)
     scheduler.fail("ReportProgress", code=grpc.StatusCode.FAILED_PRECONDITION)
-    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (1, 0), interval=0.01)
+    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (1, 0, 0), interval=0.01)
     reporter.poke()
     await until(lambda: reporter._task is not None and reporter._task.done())
     reporter.poke()  # stopped for good: no new reporter

@@ -133,3 +133,16 @@ def test_a_cancelled_job_runs_nothing_and_has_no_backlog() -> None:
     counters.daemon_report("d1", [DaemonJobStats("j", done=5, busy=2)])
     counts = counters.shown("j", 20, ended=True)
     assert (counts.submitted, counts.done, counts.running, counts.backlog) == (20, 5, 0, 0)
+
+
+def test_delayed_tasks_are_no_demand_for_slots_until_they_are_due() -> None:
+    counters = JobCounters()
+    counters.client_report("j", submitted=100, received=0, now=1.0, delayed=100)
+    assert counters.demand("j", now=1.0) == 0  # all delayed: no slot, not even one to probe with
+    assert counters.client_report("j", submitted=100, received=0, now=2.0, delayed=70)  # 30 fell due
+    assert counters.demand("j", now=2.0) == 30
+    counters.daemon_report("d1", [DaemonJobStats("j", done=30)])
+    counters.client_report("j", submitted=100, received=30, now=3.0, delayed=70)
+    assert counters.demand("j", now=3.0) == 0
+    # A client silent past CLIENT_FRESH: its delayed count is no longer trusted, the tasks are.
+    assert counters.demand("j", now=30.0) == 70
