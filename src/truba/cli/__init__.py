@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
         "77 token refused, 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version="truba 0.1.0")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="verb", required=True, metavar="COMMAND")
     scheduler_cli.register(sub)
     daemon_cli.register(sub)
     up.register(sub)
@@ -49,11 +49,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Runs one command; returns its exit status (see :mod:`truba.cli.exits`)."""
     args = build_parser().parse_args(argv)
     if hasattr(args, "log_level"):
-        logs.setup(args.log_level, args.log_format)
+        level = args.log_level
+        if args.verb == "up" and logs.LEVELS.index(level) < logs.LEVELS.index("warning"):
+            # Its progress is its own "truba up: ..." lines; its records at info would interleave
+            # with them. The level given goes to the scheduler and daemons it starts.
+            level = "warning"
+        logs.setup(level, args.log_format)
     try:
         result: int = args.func(args)
     except CliError as exc:
-        print(f"truba {args.command}: {exc}", file=sys.stderr)
+        print(f"truba {args.verb}: {exc}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         return INTERRUPTED

@@ -82,7 +82,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="brokers' data, scheduler state, logs (.truba)",
     )
     logs.add_arguments(
-        parser, note="; given to the scheduler and daemons it starts too (their logs: STATE/logs)"
+        parser,
+        note="; given to the scheduler and daemons it starts (their logs: STATE/logs), while up's own"
+        " records show from warning up",
     )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND to run against the cluster")
     parser.set_defaults(func=main)
