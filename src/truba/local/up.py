@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Final
@@ -234,18 +235,27 @@ def _run(args: argparse.Namespace, state: Path, command: list[str]) -> int:
         return 1
     supervisor = Supervisor(cluster, _say, on_restart=lambda: _save(cluster, state))
     child: subprocess.Popen[bytes] | None = None
+    # From here a stop only raises a flag that the loop reads: a KeyboardInterrupt raised inside
+    # Popen would leave the command running with no one to end it.
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
     try:
         if command:
             env = {**os.environ, "TRUBA_SCHEDULER": cluster.address}
-            _say(f"running: {' '.join(command)}")
             child = subprocess.Popen(command, env=env)
+            _say(f"running: {' '.join(command)}")
         else:
             _say("cluster is up; Ctrl-C to stop")
-        while child is None or child.poll() is None:
-            time.sleep(POLL)
+        while not stop.is_set() and (child is None or child.poll() is None):
+            stop.wait(POLL)
             supervisor.check()
-        return child.returncode
-    except KeyboardInterrupt:
+        if not stop.is_set() and child is not None:
+            return child.returncode
+        if child is not None:
+            _end(child)
+        return 130 if command else 0
+    except KeyboardInterrupt:  # a stop before the handlers above were set
         if child is not None:
             _end(child)
         return 130 if command else 0
