@@ -143,6 +143,7 @@ class Daemon:
             if now - self._stats_seen.get(job_id, now) <= STATS_REPORTED
         ]
         spans, dropped = self._spans.take()
+        attempts, left_out = self._spans.running_now()
         return daemons_pb2.Heartbeat(
             applied_version=self._version,
             running=self._running(),
@@ -150,6 +151,8 @@ class Daemon:
             draining=self._draining,
             spans=spans,
             spans_dropped=dropped,
+            attempts=attempts,
+            attempts_left_out=left_out,
         )
 
     def slot_use(self) -> tuple[int, int]:

@@ -135,6 +135,8 @@ class Execution:
         back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
         try:
             self.events.started(slot, admitted)
+            for delivery, spent in admitted[:1] if way.streams else admitted:  # a chunk's: one by one
+                spans.started(delivery.message.task_id, slot.index, began, spent + 1)
             handing = way.hand_over(slot, terms.entry, admitted)
             handed, value = await supervised(slot, handing, limits, worker.interrupt, what=way.what)
             if not way.streams:  # the slot is done with them all
@@ -143,10 +145,13 @@ class Execution:
             for delivery, spent in admitted:
                 task = delivery.message
                 with _UNBOUND if count == 1 else bind(task_id=task.task_id):
+                    if ended and way.streams:  # a chunk's next task began when the one before ended
+                        spans.started(task.task_id, slot.index, began, spent + 1)
                     end = way.end(ended, count, handed, value)
                     if end is None:
                         end = await next_reply(slot, task, spent, limits, worker.interrupt)
                     ended += 1
+                    spans.ended(task.task_id, slot.index)
                     start, ended_at = began, time.time()
                     if way.streams:  # a chunk's tasks run one after the other
                         began = ended_at
@@ -181,6 +186,8 @@ class Execution:
             if worker.busy:
                 worker.busy = False
                 self.stats.busy -= 1
+            for delivery, _ in admitted[ended:]:  # not in progress any more (cancelled or unstarted)
+                spans.ended(delivery.message.task_id, slot.index)
         if back is not None:
             self.returns.put_back_later(back)
         if ended < count:  # never started: back, unspent

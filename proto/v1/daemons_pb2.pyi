@@ -243,12 +243,34 @@ Global___Hello: _TypeAlias = Hello  # noqa: Y015
 class Heartbeat(_message.Message):
     DESCRIPTOR: _descriptor.Descriptor
 
+    @_typing.final
+    class AttemptsLeftOutEntry(_message.Message):
+        DESCRIPTOR: _descriptor.Descriptor
+
+        KEY_FIELD_NUMBER: _builtins.int
+        VALUE_FIELD_NUMBER: _builtins.int
+        key: _builtins.str
+        value: _builtins.int
+        def __init__(
+            self,
+            *,
+            key: _builtins.str = ...,
+            value: _builtins.int = ...,
+        ) -> None: ...
+        _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+        def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+        _ClearFieldArgType: _TypeAlias = _typing.Literal["key", b"key", "value", b"value"]  # noqa: Y015
+        def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+        def WhichOneof(self, oneof_group: _Never) -> None: ...
+
     APPLIED_VERSION_FIELD_NUMBER: _builtins.int
     RUNNING_FIELD_NUMBER: _builtins.int
     STATS_FIELD_NUMBER: _builtins.int
     DRAINING_FIELD_NUMBER: _builtins.int
     SPANS_FIELD_NUMBER: _builtins.int
     SPANS_DROPPED_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_FIELD_NUMBER: _builtins.int
+    ATTEMPTS_LEFT_OUT_FIELD_NUMBER: _builtins.int
     applied_version: _builtins.int
     """Assignment version the daemon has applied."""
     draining: _builtins.bool
@@ -265,6 +287,16 @@ class Heartbeat(_message.Message):
         newest ones only when there were more than fit in one heartbeat).
         """
 
+    @_builtins.property
+    def attempts(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunningAttempt]:
+        """The task attempts in progress now, oldest start first (the oldest ones only when there are
+        more than fit in one heartbeat).
+        """
+
+    @_builtins.property
+    def attempts_left_out(self) -> _containers.ScalarMap[_builtins.str, _builtins.int]:
+        """Attempts in progress left out of `attempts` (over the per-heartbeat bound), per job id."""
+
     def __init__(
         self,
         *,
@@ -274,14 +306,51 @@ class Heartbeat(_message.Message):
         draining: _builtins.bool = ...,
         spans: _abc.Iterable[Global___Span] | None = ...,
         spans_dropped: _builtins.int = ...,
+        attempts: _abc.Iterable[Global___RunningAttempt] | None = ...,
+        attempts_left_out: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "draining", b"draining", "running", b"running", "spans", b"spans", "spans_dropped", b"spans_dropped", "stats", b"stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "attempts", b"attempts", "attempts_left_out", b"attempts_left_out", "draining", b"draining", "running", b"running", "spans", b"spans", "spans_dropped", b"spans_dropped", "stats", b"stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Heartbeat: _TypeAlias = Heartbeat  # noqa: Y015
+
+@_typing.final
+class RunningAttempt(_message.Message):
+    """One task attempt in progress on one slot (it ends as a Span)."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    START_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    task_id: _builtins.str
+    slot: _builtins.int
+    attempt: _builtins.int
+    """The attempt's number (1 for the first)."""
+    start: _builtins.float
+    """Unix time it started, seconds (wall clock of the daemon)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        task_id: _builtins.str = ...,
+        slot: _builtins.int = ...,
+        attempt: _builtins.int = ...,
+        start: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "job_id", b"job_id", "slot", b"slot", "start", b"start", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunningAttempt: _TypeAlias = RunningAttempt  # noqa: Y015
 
 @_typing.final
 class Span(_message.Message):

@@ -202,3 +202,21 @@ async def test_a_daemon_over_a_fake_broker_runs_a_task_end_to_end_through_its_re
     finally:
         made.stop_now()
         await asyncio.wait_for(running, 20)
+
+
+async def test_heartbeats_list_the_attempts_in_progress_until_they_end(
+    daemon: Callable[[int], FakePipesDaemon],
+) -> None:
+    d = daemon(2)
+    assign(d, 1, job_slots("j", "tests.handlers.basic:sleep", 2, immediate=True))
+    await eventually(lambda: "j" in d.jobs)
+    d.jobs["j"].tasks.push(TaskMessage("long", 60))
+    d.jobs["j"].tasks.push(TaskMessage("short", 0.0))
+    await eventually(lambda: len(d.jobs["j"].tasks.acked) == 1)
+    await eventually(lambda: [a.task_id for a in d.heartbeat().attempts] == ["long"])
+    beat = d.heartbeat()
+    [attempt] = beat.attempts
+    assert (attempt.job_id, attempt.attempt) == ("j", 1) and attempt.slot in (0, 1)
+    assert 0 < time.time() - attempt.start < 10 and dict(beat.attempts_left_out) == {}
+    assign(d, 2)  # the job leaves at once: its attempt is interrupted
+    await eventually(lambda: not d.heartbeat().attempts)

@@ -16,6 +16,7 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.returns import Returns
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotDied, SlotProcess, SlotReply
+from truba.daemon.spans import SpanLog
 from truba.daemon.stats import JobStats
 from truba.daemon.task_endings import TaskEndings
 from truba.daemon.terms import JobTerms, SlotPolicy
@@ -142,7 +143,10 @@ class Rig:
         returns = Returns("j1", self.tasks, ends, terms, self.crew.broke, stop_timeout=1.0, cancel_quiet=0.0)
         self.window = returns.window = Window(1)
         self.returns = returns
-        self.execution = Execution(terms, self.crew, self.stats, ends, returns, "d1")
+        self.spans = SpanLog()
+        self.execution = Execution(
+            terms, self.crew, self.stats, ends, returns, "d1", self.spans.for_job("j1")
+        )
         self.slot = FakeSlot()
         self.worker = Worker(cast(SlotProcess, self.slot))
         self.results.worker = self.worker
