@@ -32,6 +32,7 @@ from truba.scheduler.brokers import BrokerInfo
 from truba.scheduler.convert import welcome_pb
 from truba.scheduler.errors import InvalidArgument, SchedulerError
 from truba.scheduler.registry import DaemonInfo, DaemonSession
+from truba.scheduler.running import DaemonRunning
 from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.validate import check_daemon_id, check_slots
 from truba.scheduler.view import daemon_pb
@@ -136,6 +137,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
                 if message.HasField("heartbeat"):
                     heartbeat = message.heartbeat
                     self._assigner.heartbeat(session, heartbeat)
+                    session.running = DaemonRunning.of(heartbeat)
                     if self._timeline is not None and (heartbeat.spans or heartbeat.spans_dropped):
                         self._timeline.report(session.daemon_id, heartbeat.spans, heartbeat.spans_dropped)
                 else:

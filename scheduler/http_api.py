@@ -15,6 +15,9 @@ exposed port does is tell what runs):
   daemon and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "left_out",
   "spans": [{"daemon_id", "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``,
   outcomes as words;
+- ``GET /api/v1/jobs/{id}/running`` (``?limit=N``): the job's task attempts in progress
+  (:mod:`truba.scheduler.running`), oldest start first: ``{"job_id", "left_out", "at",
+  "running": [{"daemon_id", "hostname", "slot", "task_id", "attempt", "started_at"}]}``;
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -118,6 +121,16 @@ def build_app(
             return web.json_response({"error": "since, limit: must be numbers"}, status=400)
         return web.json_response(spans.timeline_json(found.id, since, limit))
 
+    async def job_running(request: web.Request) -> web.Response:
+        try:
+            limit = max(0, int(request.query.get("limit", "0") or 0))
+        except ValueError:
+            return web.json_response({"error": "limit: must be a number"}, status=400)
+        try:
+            return web.json_response(view.running_json(request.match_info["job_id"], limit))
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
         suffix = "." + name.rpartition(".")[2]
@@ -138,6 +151,7 @@ def build_app(
     app.router.add_get("/api/v1/history", all_history)
     app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
     app.router.add_get("/api/v1/jobs/{job_id}/timeline", job_timeline)
+    app.router.add_get("/api/v1/jobs/{job_id}/running", job_running)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app

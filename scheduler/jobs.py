@@ -235,3 +235,11 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
     ) -> jobs_pb2.Timeline:
         job = self._jobs.get(request.job_id)  # NotFound for an unknown job
         return self._timeline.timeline_pb(job.id, request.since, request.limit)
+
+    @reports_errors
+    async def ListRunning(
+        self,
+        request: jobs_pb2.ListRunningRequest,
+        context: grpc.aio.ServicerContext[jobs_pb2.ListRunningRequest, jobs_pb2.ListRunningResponse],
+    ) -> jobs_pb2.ListRunningResponse:
+        return self._view.running(request.job_id, request.limit)  # NotFound for an unknown job

@@ -1,9 +1,10 @@
 """Connected daemons: one :class:`DaemonSession` per Connect stream, in a :class:`DaemonRegistry`.
 
 A session holds what the daemon offers (from its Hello), what it holds (what it reported at
-Hello, then what it was last assigned), when it was last heard from, and its outbox: the
-messages waiting to be written to its stream. Assignments are complete desired states, so a
-new one replaces an unsent older one instead of queueing behind it.
+Hello, then what it was last assigned), when it was last heard from, what its last heartbeat
+said runs there (:mod:`truba.scheduler.running`), and its outbox: the messages waiting to be
+written to its stream. Assignments are complete desired states, so a new one replaces an unsent
+older one instead of queueing behind it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import grpc
 
 from truba.proto.v1 import daemons_pb2
 from truba.scheduler.planner import Capacity
+from truba.scheduler.running import DaemonRunning
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,8 @@ class DaemonSession:
         """Told to drain (DrainDaemon) or said so in a heartbeat: it gets no slots."""
         self.stats: list[daemons_pb2.JobStats] = []
         """Per-job counters of the last heartbeat."""
+        self.running = DaemonRunning()
+        """The task attempts in progress, as of the last heartbeat."""
         self.end: tuple[grpc.StatusCode, str] | None = None
         """Why the scheduler ended the stream (status and details), once it has."""
         self._outbox: collections.deque[daemons_pb2.SchedulerMessage] = collections.deque()
@@ -63,6 +67,10 @@ class DaemonSession:
     @property
     def daemon_id(self) -> str:
         return self.info.daemon_id
+
+    @property
+    def hostname(self) -> str:
+        return self.info.hostname
 
     def send(self, message: daemons_pb2.SchedulerMessage) -> None:
         """Queues ``message``; an assignment replaces any assignment not yet written."""

@@ -17,6 +17,7 @@ from truba.scheduler.convert import job_pb
 from truba.scheduler.lifecycle import JobLifecycle
 from truba.scheduler.model import Job, JobState
 from truba.scheduler.registry import DaemonSession
+from truba.scheduler.running import running_json, running_pb
 
 
 @final
@@ -54,6 +55,15 @@ class ClusterView:
             counts=counts,
             fair_share=self._assigner.fair_share_of(job.id),
         )
+
+    def running(self, job_id: str, limit: int = 0) -> jobs_pb2.ListRunningResponse:
+        """The job's task attempts in progress (:mod:`truba.scheduler.running`); raises
+        :class:`~truba.scheduler.errors.NotFound` for an unknown id."""
+        return running_pb(self._assigner.sessions(), self._jobs.get(job_id).id, limit)
+
+    def running_json(self, job_id: str, limit: int = 0) -> dict[str, object]:
+        """The same as :meth:`running`, as the HTTP API's JSON."""
+        return running_json(self._assigner.sessions(), self._jobs.get(job_id).id, limit)
 
     def daemons(self) -> list[daemons_pb2.DaemonInfo]:
         """Connected daemons, by id."""

@@ -805,3 +805,99 @@ class Timeline(_message.Message):
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___Timeline: _TypeAlias = Timeline  # noqa: Y015
+
+@_typing.final
+class ListRunningRequest(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    LIMIT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    limit: _builtins.int
+    """At most this many, the oldest (0: the scheduler's bound of 10000)."""
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        limit: _builtins.int = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["job_id", b"job_id", "limit", b"limit"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunningRequest: _TypeAlias = ListRunningRequest  # noqa: Y015
+
+@_typing.final
+class RunningTask(_message.Message):
+    """One task attempt in progress."""
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    DAEMON_ID_FIELD_NUMBER: _builtins.int
+    HOSTNAME_FIELD_NUMBER: _builtins.int
+    SLOT_FIELD_NUMBER: _builtins.int
+    TASK_ID_FIELD_NUMBER: _builtins.int
+    ATTEMPT_FIELD_NUMBER: _builtins.int
+    STARTED_AT_FIELD_NUMBER: _builtins.int
+    daemon_id: _builtins.str
+    hostname: _builtins.str
+    slot: _builtins.int
+    task_id: _builtins.str
+    attempt: _builtins.int
+    """The attempt's number (1 for the first)."""
+    started_at: _builtins.float
+    """Unix time the attempt started, seconds (wall clock of its daemon)."""
+    def __init__(
+        self,
+        *,
+        daemon_id: _builtins.str = ...,
+        hostname: _builtins.str = ...,
+        slot: _builtins.int = ...,
+        task_id: _builtins.str = ...,
+        attempt: _builtins.int = ...,
+        started_at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "daemon_id", b"daemon_id", "hostname", b"hostname", "slot", b"slot", "started_at", b"started_at", "task_id", b"task_id"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___RunningTask: _TypeAlias = RunningTask  # noqa: Y015
+
+@_typing.final
+class ListRunningResponse(_message.Message):
+    DESCRIPTOR: _descriptor.Descriptor
+
+    JOB_ID_FIELD_NUMBER: _builtins.int
+    RUNNING_FIELD_NUMBER: _builtins.int
+    LEFT_OUT_FIELD_NUMBER: _builtins.int
+    AT_FIELD_NUMBER: _builtins.int
+    job_id: _builtins.str
+    left_out: _builtins.int
+    """Attempts in progress not in this answer: over the limit, or over a daemon's per-heartbeat
+    bound.
+    """
+    at: _builtins.float
+    """Unix time of the answer (the scheduler's clock)."""
+    @_builtins.property
+    def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___RunningTask]:
+        """Oldest start first."""
+
+    def __init__(
+        self,
+        *,
+        job_id: _builtins.str = ...,
+        running: _abc.Iterable[Global___RunningTask] | None = ...,
+        left_out: _builtins.int = ...,
+        at: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["at", b"at", "job_id", b"job_id", "left_out", b"left_out", "running", b"running"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___ListRunningResponse: _TypeAlias = ListRunningResponse  # noqa: Y015

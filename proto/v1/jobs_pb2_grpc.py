@@ -99,6 +99,11 @@ class JobServiceStub:
                 request_serializer=truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.SerializeToString,
                 response_deserializer=truba_dot_v1_dot_jobs__pb2.Timeline.FromString,
                 _registered_method=True)
+        self.ListRunning = channel.unary_unary(
+                '/truba.v1.JobService/ListRunning',
+                request_serializer=truba_dot_v1_dot_jobs__pb2.ListRunningRequest.SerializeToString,
+                response_deserializer=truba_dot_v1_dot_jobs__pb2.ListRunningResponse.FromString,
+                _registered_method=True)
 
 
 class JobServiceServicer:
@@ -196,6 +201,14 @@ class JobServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRunning(self, request, context):
+        """The job's task attempts in progress now, with their daemon and slot, as of each daemon's
+        last heartbeat; oldest start first.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_JobServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -263,6 +276,11 @@ def add_JobServiceServicer_to_server(servicer, server):
                     servicer.GetTimeline,
                     request_deserializer=truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.FromString,
                     response_serializer=truba_dot_v1_dot_jobs__pb2.Timeline.SerializeToString,
+            ),
+            'ListRunning': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRunning,
+                    request_deserializer=truba_dot_v1_dot_jobs__pb2.ListRunningRequest.FromString,
+                    response_serializer=truba_dot_v1_dot_jobs__pb2.ListRunningResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -616,6 +634,33 @@ class JobService:
             '/truba.v1.JobService/GetTimeline',
             truba_dot_v1_dot_jobs__pb2.GetTimelineRequest.SerializeToString,
             truba_dot_v1_dot_jobs__pb2.Timeline.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRunning(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/truba.v1.JobService/ListRunning',
+            truba_dot_v1_dot_jobs__pb2.ListRunningRequest.SerializeToString,
+            truba_dot_v1_dot_jobs__pb2.ListRunningResponse.FromString,
             options,
             channel_credentials,
             insecure,

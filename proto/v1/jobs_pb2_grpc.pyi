@@ -60,6 +60,10 @@ class JobServiceStub:
     """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
     bounded per job; kept a while after the job ends).
     """
+    ListRunning: _grpc.UnaryUnaryMultiCallable[_jobs_pb2.ListRunningRequest, _jobs_pb2.ListRunningResponse]
+    """The job's task attempts in progress now, with their daemon and slot, as of each daemon's
+    last heartbeat; oldest start first.
+    """
 
 @_typing.type_check_only
 class JobServiceAsyncStub(JobServiceStub):
@@ -92,6 +96,10 @@ class JobServiceAsyncStub(JobServiceStub):
     GetTimeline: _aio.UnaryUnaryMultiCallable[_jobs_pb2.GetTimelineRequest, _jobs_pb2.Timeline]  # type: ignore[assignment]
     """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
     bounded per job; kept a while after the job ends).
+    """
+    ListRunning: _aio.UnaryUnaryMultiCallable[_jobs_pb2.ListRunningRequest, _jobs_pb2.ListRunningResponse]  # type: ignore[assignment]
+    """The job's task attempts in progress now, with their daemon and slot, as of each daemon's
+    last heartbeat; oldest start first.
     """
 
 class JobServiceServicer(metaclass=_abc_1.ABCMeta):
@@ -200,6 +208,16 @@ class JobServiceServicer(metaclass=_abc_1.ABCMeta):
     ) -> _typing.Union[_jobs_pb2.Timeline, _abc.Awaitable[_jobs_pb2.Timeline]]:
         """The job's task attempts per daemon and slot, as daemons reported them (the newest ones,
         bounded per job; kept a while after the job ends).
+        """
+
+    @_abc_1.abstractmethod
+    def ListRunning(
+        self,
+        request: _jobs_pb2.ListRunningRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_jobs_pb2.ListRunningResponse, _abc.Awaitable[_jobs_pb2.ListRunningResponse]]:
+        """The job's task attempts in progress now, with their daemon and slot, as of each daemon's
+        last heartbeat; oldest start first.
         """
 
 def add_JobServiceServicer_to_server(servicer: JobServiceServicer, server: _typing.Union[_grpc.Server, _aio.Server]) -> None: ...
