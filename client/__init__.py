@@ -18,6 +18,7 @@ from truba.client.job import Job
 from truba.client.job_handle import JobHandle
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
+from truba.client.running import RunningTask, RunningTasks
 from truba.client.submission import SubmitTimeout
 
 __all__ = [
@@ -41,6 +42,8 @@ __all__ = [
     "NoJournal",
     "NotFound",
     "Outcome",
+    "RunningTask",
+    "RunningTasks",
     "SchedulerError",
     "SubmitTimeout",
     "TaskCancelled",

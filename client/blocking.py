@@ -29,6 +29,7 @@ from truba.client.job_handle import JobHandle
 from truba.client.map import MAP_WINDOW
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, R
+from truba.client.running import RunningTasks
 from truba.proto.v1 import jobs_pb2
 
 T = TypeVar("T")
@@ -185,6 +186,10 @@ class BlockingJob(Generic[P, R]):
         """Changes the job's weight in the fair share (see Job.set_importance)."""
         self._runner.run(self._job.set_importance(importance))
 
+    def running(self) -> RunningTasks:
+        """The job's tasks running now: daemon, slot, attempt, since when (see Job.running)."""
+        return self._runner.run(self._job.running())
+
     def dead_letters(self, *, limit: int = 0, bodies: bool = False) -> DeadLetters:
         """The job's given-up, poison and refused tasks, also after it ends (see Job.dead_letters)."""
         return self._runner.run(self._job.dead_letters(limit=limit, bodies=bodies))
@@ -228,6 +233,10 @@ class BlockingJobHandle:
             if self._runner.running:
                 with contextlib.suppress(RuntimeError):  # still running after an interrupt
                     self._runner.run(stream.aclose())
+
+    def running(self) -> RunningTasks:
+        """The job's tasks running now: daemon, slot, attempt, since when (see Job.running)."""
+        return self._runner.run(self._handle.running())
 
     def set_importance(self, importance: float) -> jobs_pb2.Job:
         """Changes the job's weight in the fair share."""

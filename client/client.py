@@ -239,8 +239,9 @@ class Client:
         return job
 
     def job(self, job_id: str) -> JobHandle:
-        """A job by id, from any process: ``info()``, ``watch()``, ``set_importance(x)``,
-        ``cancel()``. Outcomes go only to the owner of the job's journal (:meth:`resume`).
+        """A job by id, from any process: ``info()``, ``watch()``, ``running()``,
+        ``set_importance(x)``, ``cancel()``. Outcomes go only to the owner of the job's journal
+        (:meth:`resume`).
 
         Raises:
             InvalidArgument: ``job_id`` is not a job id. (An unknown id: NotFound, at the first call.)

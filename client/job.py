@@ -9,7 +9,7 @@
   put-back on a consumer's error, ack batching, cancelled outcomes;
 - :class:`~truba.client.progress.ProgressReporter`: coalesced progress reports;
 - :class:`~truba.client.lifecycle.JobCalls`: the calls to the scheduler, through the JobService
-  stub the client hands in (close, finish, cancel, importance, watch, info);
+  stub the client hands in (close, finish, cancel, importance, watch, info, running);
 - :func:`~truba.client.map.map_outcomes`: ``map``; :func:`~truba.client.callback.deliver`: ``on_result``.
 
 Every task stays in the journal from ``submit`` until the application has taken its outcome, and
@@ -49,6 +49,7 @@ from truba.client.pickled import pickled_payload
 from truba.client.progress import ProgressReporter
 from truba.client.reach import Reach
 from truba.client.result_stream import ResultStream
+from truba.client.running import RunningTasks
 from truba.client.submission import Submission
 from truba.pipes.base import Sender
 from truba.pipes.broker import Broker
@@ -291,7 +292,6 @@ class Job(Generic[P, R]):
         raises :class:`CallbackFailed` (with the callback's error as its cause). Call
         ``on_result`` again to go on.
         """
-
         consumer = deliver(self.results(), callback, job_id=self.id)
         self._consumer = asyncio.create_task(consumer, name=f"on-result-{self.id}")
         return self._consumer
@@ -367,8 +367,7 @@ class Job(Generic[P, R]):
         """Changes the job's weight in the fair share; slots move at once.
 
         Raises:
-            InvalidArgument: not a number > 0.
-            FailedPrecondition: the job ended.
+            InvalidArgument: not a number > 0. FailedPrecondition: the job ended.
         """
         await self._calls.set_importance(check_importance(importance))
 
@@ -381,17 +380,20 @@ class Job(Generic[P, R]):
         """The scheduler's current view of the job."""
         return await self._calls.get()
 
+    async def running(self) -> RunningTasks:
+        """The job's tasks running now: daemon, slot, attempt, since when (truba.client.running)."""
+        return await self._calls.running()
+
     async def dead_letters(self, *, limit: int = 0, bodies: bool = False) -> DeadLetters:
         """The job's given-up, poison and refused tasks, also after it ends (truba.client.dead_letters)."""
         return await read_dead_letters(self._jobs, self.id, limit=limit, bodies=bodies)
 
     async def retry_dead(self) -> dict[str, str]:
         """Sends the dead tasks again as new tasks, each with a fresh outcome; ``{old id: new id}``."""
-        retry = DeadRetry(
+        return await DeadRetry(
             self._jobs,
             self.id,
             self._status,
             # a dead letter's payload is one this job took before: a P
             lambda t: self.submit(cast(P, t.payload), priority=t.priority or None),
-        )
-        return await retry.retry()
+        ).retry()

@@ -1,7 +1,7 @@
 """A job by its id, from any process: ``client.job(job_id)`` to look at it, watch it, re-weight
 or cancel it, without its journal.
 
-The handle makes only scheduler calls (GetJob, WatchJob, SetImportance, CancelJob): outcomes
+The handle makes only scheduler calls (GetJob, WatchJob, ListRunning, SetImportance, CancelJob): outcomes
 still flow only to the client that owns the job's journal (``Client.resume``). Cancelling from
 here also removes the job's journal folder under this client's journal root when no live client
 holds it (one that does removes it itself when it sees the job cancelled).
@@ -20,6 +20,7 @@ from truba.client.errors import InvalidArgument
 from truba.client.journal import Journal
 from truba.client.lifecycle import JobCalls
 from truba.client.reach import Reach
+from truba.client.running import RunningTasks
 from truba.pipes.spool_log import SpoolError
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -66,6 +67,10 @@ class JobHandle:
     def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
         """The job now, then on every change until it ends (see Job.watch)."""
         return self._calls.watch()
+
+    async def running(self) -> RunningTasks:
+        """The job's tasks running now: daemon, slot, attempt, since when (truba.client.running)."""
+        return await self._calls.running()
 
     async def set_importance(self, importance: float) -> jobs_pb2.Job:
         """Changes the job's weight in the fair share.

@@ -1,5 +1,5 @@
 """A job's life on this client: where it is (:class:`JobStatus`) and its calls to the scheduler
-(:class:`JobCalls`: close, finish, cancel, importance, watch, info).
+(:class:`JobCalls`: close, finish, cancel, importance, watch, info, running).
 
 The calls go through the JobService stub the client hands in (never through the client itself);
 gRPC errors come out as :mod:`truba.client.errors`. Each is bounded by the client's
@@ -18,6 +18,7 @@ from typing import Final, final
 
 from truba.client.errors import Unavailable, map_rpc_errors
 from truba.client.reach import Reach
+from truba.client.running import RunningTasks, read_running
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,10 @@ class JobCalls:
         else:
             self.info = await self._reach.call_once("GetJob", lambda t: self._jobs.GetJob(request, timeout=t))
         return self.info
+
+    async def running(self) -> RunningTasks:
+        """ListRunning: the job's tasks running now (:mod:`truba.client.running`)."""
+        return await read_running(self._reach, self._jobs, self.job_id)
 
     async def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
         """WatchJob: the job now, then on every change until it ends. The first event (the job

@@ -51,6 +51,8 @@ class FakeScheduler:
         self._failing: dict[str, list[grpc.StatusCode]] = {}
         self.watch_hangs = False
         """WatchJob streams never answer (a scheduler that accepts and never answers)."""
+        self.running: dict[str, jobs_pb2.ListRunningResponse] = {}
+        """What ListRunning answers per job (empty, at Unix time 0, for a job not here)."""
         self._ids = itertools.count(1)
 
     @property
@@ -157,6 +159,13 @@ class FakeScheduler:
         job.state = jobs_pb2.JOB_STATE_CANCELLED
         self._delete_queues(job.id)
         return job
+
+    async def ListRunning(
+        self, request: jobs_pb2.ListRunningRequest, **_: object
+    ) -> jobs_pb2.ListRunningResponse:
+        self._enter("ListRunning")
+        self._job(request.job_id)
+        return self.running.get(request.job_id) or jobs_pb2.ListRunningResponse(job_id=request.job_id)
 
     async def SetImportance(self, request: jobs_pb2.SetImportanceRequest, **_: object) -> jobs_pb2.Job:
         self._enter("SetImportance")
