@@ -28,6 +28,7 @@ VERBS = [
     ["jobs"],
     ["job", "j-1"],
     ["job", "j-1", "--dead"],
+    ["job", "j-1", "--running"],
     ["cancel", "j-1"],
     ["daemons"],
     ["drain", "d-1"],

@@ -1,5 +1,5 @@
-"""``truba jobs`` (list), ``truba job ID`` (one job in full; ``--dead``: its dead letters) and
-``truba cancel ID``."""
+"""``truba jobs`` (list), ``truba job ID`` (one job in full; ``--dead``: its dead letters;
+``--running``: its tasks running now) and ``truba cancel ID``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import argparse
 from truba.cli.dead import DEFAULT_LIMIT, MAX_LIMIT, check_limit, show_dead_letters
 from truba.cli.exits import OK, USAGE, CliError
 from truba.cli.render import iso_time, job_dict, job_name, job_state, print_json, print_table
+from truba.cli.running import show_running
 from truba.cli.session import add_client_arguments, session
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
@@ -28,7 +29,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "job",
         help="show one job",
         description="Show one job: state, importance, share, slots, counts, settings and any problem; "
-        "with --dead, its dead letters (tasks given up, poison, refused by a broker) instead.",
+        "with --dead, its dead letters (tasks given up, poison, refused by a broker) instead; with "
+        "--running, its tasks running now (task, daemon, slot, attempt, since when, for how long).",
     )
     parser.add_argument("job_id", metavar="JOB_ID", help="the job's id (truba jobs --all lists them)")
     add_client_arguments(parser)
@@ -37,6 +39,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_true",
         help="list the job's dead letters: task, reason, attempts, broker (and daemon), error; "
         "they are kept a while after the job ends (the scheduler's --keep-dead)",
+    )
+    parser.add_argument(
+        "--running",
+        action="store_true",
+        help="list the job's tasks running now, oldest first: task, daemon, slot, attempt, since when "
+        "and for how long (as of each daemon's last heartbeat)",
     )
     parser.add_argument(
         "--limit",
@@ -88,6 +96,11 @@ def list_jobs(args: argparse.Namespace) -> int:
 def show_job(args: argparse.Namespace) -> int:
     if args.limit is not None and not args.dead:
         raise CliError("--limit goes with --dead", USAGE)
+    if args.dead and args.running:
+        raise CliError("--dead and --running: one at a time", USAGE)
+    if args.running:
+        with session(args) as s:
+            return show_running(s, args.job_id, as_json=args.json)
     if args.dead:
         limit = DEFAULT_LIMIT if args.limit is None else args.limit
         check_limit(limit)

@@ -23,6 +23,7 @@ ASKING = [
     ["daemons"],
     ["drain", "d-1"],
     ["job", "j-1", "--dead"],
+    ["job", "j-1", "--running"],
     ["top"],
 ]
 
@@ -158,6 +159,7 @@ def test_truba_up_gives_its_log_flags_to_the_scheduler_and_daemons_it_starts(
     [
         (["job", "j-1", "--limit", "5"], "truba job: --limit goes with --dead\n"),
         (["job", "j-1", "--dead", "--limit", "0"], "truba job: --limit must be 1 to 1000, not 0\n"),
+        (["job", "j-1", "--dead", "--running"], "truba job: --dead and --running: one at a time\n"),
         (["top", "--interval", "0"], "truba top: --interval must be > 0 and --count >= 0\n"),
     ],
 )
