@@ -92,6 +92,9 @@ class ResultStream:
         """Sees every outcome first; True: it took the outcome (a call's, a group's)."""
         self.idle: Callable[[], None] | None = None
         """Called when the last consumer stops iterating (a router may pump again)."""
+        self.settled: Callable[[str], None] | None = None
+        """Told every task whose outcome was taken, after the journal forgot it (set once the job
+        has keyed tasks: a key's next task goes out then)."""
         self._consumers = 0
         """Consumers iterating now (the pump not counted)."""
         self._parked: collections.deque[Delivery[ResultMessage]] = collections.deque()
@@ -187,7 +190,10 @@ class ResultStream:
     async def _take(self, delivery: Delivery[ResultMessage]) -> None:
         """The application took this outcome: the journal forgets its task; its result is
         acked with the next batch (:meth:`ack_taken`)."""
-        self._journal.settle(delivery.message.task_id)
+        task_id = delivery.message.task_id
+        self._journal.settle(task_id)
+        if self.settled is not None:
+            self.settled(task_id)
         self._on_taken()
         self._taken.append(delivery)
         if len(self._taken) >= ACK_BATCH:
