@@ -14,7 +14,8 @@ pipes' disk buffer (:class:`~truba.pipes.spool_log.SpoolLog` and its fsync polic
 After a crash, :meth:`Journal.open` recovers every task without an outcome: those no broker
 confirmed are to be sent again at once, the confirmed ones are waited for (and sent again if
 their broker is declared lost); the tasks with an order key come back with their keys, oldest
-first (:meth:`Journal.take_keyed`), so that their chains are rebuilt (:mod:`truba.client.keys`).
+first with their messages (:meth:`Journal.take_keyed`), so that their chains are rebuilt
+(:mod:`truba.client.key_order`, which keeps held tasks' messages in memory until they are sent).
 ``recorded`` counts every task ever submitted to the job,
 across runs, exactly: the tasks log's seqs never go back.
 
@@ -77,8 +78,8 @@ class Journal:
         """Tasks confirmed whose marks are not written yet."""
         self._withdrawn = 0
         self._closed = False
-        self._keyed: list[tuple[str, str]] = []
-        """The recovered tasks with an order key, oldest first, until taken."""
+        self._keyed: list[tuple[str, str, bytes]] = []
+        """The recovered tasks with an order key (id, key, message), oldest first, until taken."""
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval") -> Journal:
@@ -130,11 +131,11 @@ class Journal:
         seqs = [self._entries[t].seq for t in task_ids if t in self._entries]
         return dict(_split(record)[:2] for record in self._tasks.read(seqs).values())
 
-    def take_keyed(self) -> list[tuple[str, str]]:
-        """The recovered outstanding tasks that have an order key, ``(task id, key)``, oldest
-        first; once (the job's key chains are rebuilt from them)."""
+    def take_keyed(self) -> list[tuple[str, str, bytes]]:
+        """The recovered outstanding tasks that have an order key, ``(task id, key, encoded
+        message)``, oldest first; once (the job's key chains are rebuilt from them)."""
         keyed, self._keyed = self._keyed, []
-        return [(task_id, key) for task_id, key in keyed if task_id in self._entries]
+        return [task for task in keyed if task[0] in self._entries]
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -267,13 +268,13 @@ class Journal:
         withdrawn, pending_withdrawals = self._load_withdrawn()
         self._withdrawn = withdrawn
         for seq, record in self._tasks.recovered:
-            task_id, _, key = _split(record)
+            task_id, data, key = _split(record)
             if task_id in pending_withdrawals:
                 self._tasks.forget(seq)
                 continue
             self._entries[task_id] = _Entry(seq, marks.pop(seq, None))
             if key is not None:
-                self._keyed.append((task_id, key))
+                self._keyed.append((task_id, key, data))
         self._tasks.recovered = []
         for orphan in marks.values():  # its task was settled, its own forget mark lost
             self._confirms.forget(orphan)
@@ -355,7 +356,7 @@ class MemoryJournal:
     def load(self, task_ids: Iterable[str]) -> dict[str, bytes]:
         return {t: self._entries[t][0] for t in task_ids if t in self._entries}
 
-    def take_keyed(self) -> list[tuple[str, str]]:
+    def take_keyed(self) -> list[tuple[str, str, bytes]]:
         return []  # nothing to recover: the job cannot be resumed
 
     async def record(self, task_id: str, data: bytes, key: str | None = None) -> None:

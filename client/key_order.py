@@ -6,8 +6,11 @@ chains its task; the head of a chain is sent by the submit itself, every other t
 (in the journal, not sent). When the application has taken a head's outcome (a result, an
 error, a give-up: whatever ends the task for the client; the result stream tells
 :meth:`KeyOrder.ended` right after the journal forgot the task), the key's next task is
-*released*: one background task sends the released tasks, read back from the journal, in the
-order they were released.
+*released*: one background task sends the released tasks in the order they were released.
+
+Memory: a held task's encoded message stays in memory until it is sent (besides the journal on
+disk, which cannot read one record back without reading its whole segment), plus its id in its
+chain.
 
 Before it sends, it writes the journal's pending forget marks (no fsync: a process crash keeps
 them), so that after a crash the oldest task of a key in the journal is the one that was sent
@@ -63,6 +66,8 @@ class KeyOrder:
         self._active = False
         self._released: collections.deque[str] = collections.deque()
         """Heads to send, in the order their turn came."""
+        self._bodies: dict[str, EncodedTask] = {}
+        """The held and released tasks' messages, until sent."""
         self._wake = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._stopped = False
@@ -76,19 +81,23 @@ class KeyOrder:
         """True if ``task_id`` must not be sent now: held, or released and about to be sent."""
         return self.chains.is_held(task_id) or task_id in self._released
 
-    def add(self, key: str, task_id: str) -> bool:
+    def add(self, key: str, task: EncodedTask) -> bool:
         """Chains a new keyed task (already in the journal); True if it is its key's head: the
         caller sends it."""
         self._activate()
-        return self.chains.add(key, task_id)
+        if self.chains.add(key, task.task_id):
+            return True
+        self._bodies[task.task_id] = task
+        return False
 
-    def rebuild(self, tasks: Iterable[tuple[str, str]]) -> None:
-        """Chains a resumed job's keyed tasks, ``(task id, key)`` oldest first; the heads are
-        sent by the caller (or left to the brokers that confirmed them)."""
-        tasks = list(tasks)
-        if tasks:
+    def rebuild(self, tasks: Iterable[tuple[str, str, bytes]]) -> None:
+        """Chains a resumed job's keyed tasks, ``(task id, key, encoded message)`` oldest first;
+        the heads are sent by the caller (or left to the brokers that confirmed them)."""
+        codec = EncodedTaskCodec()
+        for task_id, key, data in tasks:
             self._activate()
-            self.chains.rebuild(tasks)
+            if not self.chains.add(key, task_id):
+                self._bodies[task_id] = codec.decode(data)
 
     def _activate(self) -> None:
         if not self._active:
@@ -98,6 +107,7 @@ class KeyOrder:
     def ended(self, task_id: str) -> None:
         """``task_id``'s outcome was taken, or its submit withdrew it: its key's next task goes out."""
         successor = self.chains.end(task_id)
+        self._bodies.pop(task_id, None)  # a held task ended: the job was cancelled
         if successor is None or self._stopped:
             return
         self._released.append(successor)
@@ -125,15 +135,14 @@ class KeyOrder:
 
     async def _send_released(self) -> None:
         """Sends the released tasks, oldest first; each leaves :attr:`_released` once sent."""
-        # Forget marks first: after a crash, a key's oldest task on disk is the one sent last.
-        self._journal.flush()
-        batch = list(self._released)
-        loaded = self._journal.load(batch)
-        codec = EncodedTaskCodec()
-        for task_id in batch:
-            data = loaded.get(task_id)
-            if data is not None:  # else cancelled meanwhile
-                await self._send(codec.decode(data))
+        while self._released:
+            task_id = self._released[0]
+            task = self._bodies.get(task_id)
+            if task is not None:  # else cancelled meanwhile
+                # Forget marks first: after a crash, a key's oldest task on disk is the one sent last.
+                self._journal.flush()
+                await self._send(task)
+                del self._bodies[task_id]
                 log.debug("client.key.released", extra={"job_id": self._job_id, "task_id": task_id})
             self._released.popleft()
 

@@ -156,7 +156,7 @@ class Submission:
         task = self._encode(payload, priority, delay, not_before)
         task_id = task.task_id
         await self._journal.record(task_id, task.data, key)
-        if not self.keys.add(key, task_id):
+        if not self.keys.add(key, task):
             self._on_change()
             log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})
             return task_id

@@ -349,7 +349,7 @@ def test_a_journal_keeps_each_tasks_key_and_gives_them_back_in_order(tmp_path: P
 
     asyncio.run(write())
     journal = Journal.open(tmp_path)
-    assert journal.take_keyed() == [("t-2", "ключ"), ("t-3", "a")]
+    assert journal.take_keyed() == [("t-2", "ключ", b"two"), ("t-3", "a", b"three")]
     assert journal.take_keyed() == []
     assert journal.load(["t-1", "t-2", "t-3"]) == {"t-1": b"one", "t-2": b"two", "t-3": b"three"}
     journal.close_now()
