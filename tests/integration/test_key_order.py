@@ -1,6 +1,6 @@
 """Tasks in order per key on a real cluster (issue 16, seed 001): many small keys and one hot key
 run each key's tasks one at a time in submission order, the small keys done long before the hot
-one; a daemon killed -9 mid-run breaks no key's order.
+one; retries (``retry_on``) and a daemon killed -9 mid-run break no key's order.
 
 The handler (``tests.handlers.ordered``) writes every attempt's start to a log (killed attempts
 too) and returns its start and end; order is checked on both."""
@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.handlers.flaky import Busy
 from tests.integration.processes import ALLOW, running
 from truba.client import Client, Outcome
 from truba.local.cluster import TrubaProcess
@@ -86,17 +87,20 @@ async def test_every_keys_tasks_run_in_order_and_small_keys_finish_long_before_a
     assert small_done < hot_done / 2
 
 
-async def test_a_daemon_killed_mid_run_breaks_no_keys_order(
+async def test_retries_and_a_daemon_killed_mid_run_break_no_keys_order(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
     log = tmp_path / "starts.log"
     keys, per_key, seconds = 20, 20, 0.05
     async with running(tmp_path / "cluster", rabbit_nodes, daemons=2, slots=2) as cluster:
         async with Client(cluster.address, journal=tmp_path / "journal") as client:
-            job = await client.create_job(HANDLER, name="keys-kill")
+            job = await client.create_job(
+                HANDLER, name="keys-kill", retry_on=[Busy], backoff=(0.05, 0.1), max_attempts=5
+            )
             for seq in range(per_key):
                 for k in range(keys):
-                    await job.submit([str(log), f"k{k}", seq, seconds], key=f"k{k}")
+                    busy = ["busy once"] if seq % 5 == 2 else []  # retried after a backoff
+                    await job.submit([str(log), f"k{k}", seq, seconds, *busy], key=f"k{k}")
             await job.close()
             outcomes: list[Outcome] = []
             heir: asyncio.Task[TrubaProcess] | None = None
@@ -111,6 +115,7 @@ async def test_a_daemon_killed_mid_run_breaks_no_keys_order(
             assert job.done and heir is not None
             cluster.daemons.append(await heir)
     check_outcomes(outcomes, {f"k{k}": per_key for k in range(keys)})
+    assert all(o.attempts >= 2 for o in outcomes if o.result()[1] % 5 == 2)
     attempts = starts_in_order(log)
     for key, seqs in attempts.items():
         assert seqs == sorted(seqs), key
