@@ -365,3 +365,19 @@ def test_chains_release_the_next_head_only_when_a_head_ends() -> None:
     assert chains.end("a0") is None  # a duplicate ends nothing
     assert chains.end("a1") is None and chains.end("b0") is None
     assert len(chains) == 0 and chains.held == 0
+
+
+async def test_a_broker_that_lost_its_data_gets_the_heads_again_never_a_held_task(
+    monkeypatch: pytest.MonkeyPatch, scheduler: FakeScheduler, client: Client
+) -> None:
+    monkeypatch.setattr("truba.client.watch.CHECK_INTERVAL", 0.02)
+    (broker,) = scheduler.brokers
+    job = await client.create_job("h:f", frames=False)
+    a = [await job.submit(["a", n], key="a") for n in range(3)]
+    b = [await job.submit(["b", n], key="b") for n in range(2)]
+    await job._submission.settle_confirms()
+    assert queued(scheduler, job) == [a[0], b[0]]
+    broker.lose_data()
+    await until(lambda: queued(scheduler, job) == [a[0], b[0]])  # the loss is seen, the heads sent again
+    assert broker.published == 4 and job._submission.keys.held == 3
+    await job.cancel()
