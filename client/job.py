@@ -117,7 +117,7 @@ class Job(Generic[P, R]):
             reach=reach,
         )
         keys = self._submission.keys
-        keys.on_active = lambda: setattr(self._stream, "settled", keys.ended)
+        keys.on_active = lambda: self._stream.tell(keys.arrived, keys.settled)
         self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
         self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)
         self._dispatch.claims.append(self._groups.claim)
@@ -223,7 +223,7 @@ class Job(Generic[P, R]):
         open: ``close()`` and ``results()`` end only once its outcome is in.
 
         Tasks of one ``key`` run one at a time, in submission order; a task waits (*held*, in the
-        journal, ``submit`` returns) until its key's previous outcome was taken (truba.client.key_order).
+        journal, ``submit`` returns) until its key's previous outcome came (truba.client.key_order).
 
         Args:
             priority: 0 (the default) to 9, higher taken first; only for a job created with

@@ -1,22 +1,27 @@
 """Sending a job's keyed tasks in order: a key's next task goes out once the outcome of the one
-before it was taken.
+before it came.
 
 :class:`KeyOrder` keeps the job's :class:`~truba.client.keys.KeyChains`. A keyed ``submit``
 chains its task; the head of a chain is sent by the submit itself, every other task is *held*
-(in the journal, not sent). When the application has taken a head's outcome (a result, an
-error, a give-up: whatever ends the task for the client; the result stream tells
-:meth:`KeyOrder.ended` right after the journal forgot the task), the key's next task is
-*released*: one background task sends the released tasks in the order they were released.
+(in the journal, not sent). When the head's outcome comes (a result, an error, a give-up:
+whatever ends the task for the client; the result stream tells :meth:`KeyOrder.arrived` for every
+outcome of a task still in the journal, before any consumer, call or group sees it), the key's
+next task is *released*: one background task sends the released tasks in the order they were
+released. The outcome need not be taken first: a consumer that is slow, or an outcome parked
+for the next consumer, holds no key back. The task whose outcome came stays in the journal until
+its outcome is taken, as every task does; it is never sent again (:meth:`KeyOrder.holds`).
 
-Memory: a held task's encoded message stays in memory until it is sent (besides the journal on
-disk, which cannot read one record back without reading its whole segment), plus its id in its
-chain.
+After a crash, :meth:`Client.resume` rebuilds the chains from the journal
+(:meth:`KeyChains.rebuild`): since a task is sent only once the one before it had its outcome,
+the newest task of a key that a broker confirmed is its head, the older ones had their outcomes
+(their results come again), and the newer ones are held. A head no broker confirmed is sent
+again; a held task is never sent early.
 
-Before it sends, it writes the journal's pending forget marks (no fsync: a process crash keeps
-them), so that after a crash the oldest task of a key in the journal is the one that was sent
-last: :meth:`Client.resume` rebuilds the chains from the journal and sends heads only (those no
-broker confirmed), never a held task. A send that fails (every broker away beyond the pipes'
-retries, the client's patience spent) is tried again after a backoff until the job ends here.
+A send that fails (every broker away beyond the pipes' retries, the client's patience spent) is
+tried again after a backoff until the job ends here.
+
+Memory: a held task's encoded message stays in memory until it is sent (the journal on disk
+cannot read one record back without reading its whole segment), plus its id in its chain.
 """
 
 from __future__ import annotations
@@ -30,7 +35,6 @@ from typing import Final, final
 
 from truba.backoff import Backoff
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
-from truba.client.journal import TaskJournal
 from truba.client.keys import KeyChains
 from truba.errors import TrubaError
 
@@ -46,24 +50,21 @@ class KeyOrder:
 
     ``send`` sends one task and watches its confirm (the submission's); ``on_change`` is called
     when the held count changes (progress). ``on_active`` is called once, at the first keyed
-    task: the result stream must tell :meth:`ended` from then on (nothing is asked of it before,
-    so a job without keys pays nothing per outcome).
+    task: the result stream must tell :meth:`arrived` and :meth:`settled` from then on (nothing
+    is asked of it before, so a job without keys pays nothing per outcome).
     """
 
     def __init__(
-        self,
-        job_id: str,
-        journal: TaskJournal,
-        send: Callable[[EncodedTask], Awaitable[None]],
-        on_change: Callable[[], None],
+        self, job_id: str, send: Callable[[EncodedTask], Awaitable[None]], on_change: Callable[[], None]
     ) -> None:
         self._job_id = job_id
-        self._journal = journal
         self._send = send
         self._on_change = on_change
         self.chains = KeyChains()
         self.on_active: Callable[[], None] = lambda: None
         self._active = False
+        self._came: set[str] = set()
+        """Keyed tasks whose outcome came and is not taken yet: never to be sent again."""
         self._released: collections.deque[str] = collections.deque()
         """Heads to send, in the order their turn came."""
         self._bodies: dict[str, EncodedTask] = {}
@@ -77,9 +78,10 @@ class KeyOrder:
         """Tasks waiting for an earlier task of their key (no demand for slots yet)."""
         return self.chains.held
 
-    def is_held(self, task_id: str) -> bool:
-        """True if ``task_id`` must not be sent now: held, or released and about to be sent."""
-        return self.chains.is_held(task_id) or task_id in self._released
+    def holds(self, task_id: str) -> bool:
+        """True if ``task_id`` must not be sent (again) now: held, released and about to be
+        sent, or its outcome came already."""
+        return self.chains.is_held(task_id) or task_id in self._released or task_id in self._came
 
     def add(self, key: str, task: EncodedTask) -> bool:
         """Chains a new keyed task (already in the journal); True if it is its key's head: the
@@ -90,13 +92,18 @@ class KeyOrder:
         self._bodies[task.task_id] = task
         return False
 
-    def rebuild(self, tasks: Iterable[tuple[str, str, bytes]]) -> None:
-        """Chains a resumed job's keyed tasks, ``(task id, key, encoded message)`` oldest first;
-        the heads are sent by the caller (or left to the brokers that confirmed them)."""
+    def rebuild(self, tasks: Iterable[tuple[str, str, bytes]], confirmed: set[str]) -> None:
+        """Chains a resumed job's keyed tasks, ``(task id, key, encoded message)`` oldest first,
+        given which of them a broker ``confirmed``; the heads are sent by the caller (or left to
+        the brokers that confirmed them)."""
+        tasks = list(tasks)
+        if not tasks:
+            return
+        self._activate()
+        self._came.update(self.chains.rebuild(((task_id, key) for task_id, key, _ in tasks), confirmed))
         codec = EncodedTaskCodec()
-        for task_id, key, data in tasks:
-            self._activate()
-            if not self.chains.add(key, task_id):
+        for task_id, _, data in tasks:
+            if self.chains.is_held(task_id):
                 self._bodies[task_id] = codec.decode(data)
 
     def _activate(self) -> None:
@@ -104,10 +111,24 @@ class KeyOrder:
             self._active = True
             self.on_active()
 
-    def ended(self, task_id: str) -> None:
-        """``task_id``'s outcome was taken, or its submit withdrew it: its key's next task goes out."""
-        successor = self.chains.end(task_id)
-        self._bodies.pop(task_id, None)  # a held task ended: the job was cancelled
+    def arrived(self, task_id: str) -> None:
+        """An outcome of ``task_id`` came (again, maybe: then nothing happens): its key's next
+        task goes out."""
+        if task_id not in self.chains:
+            return
+        self._came.add(task_id)
+        self._bodies.pop(task_id, None)  # a task held after a resume that had in fact been sent
+        self._release(self.chains.end(task_id))
+
+    def settled(self, task_id: str) -> None:
+        """``task_id``'s outcome was taken (the journal forgot it)."""
+        self._came.discard(task_id)
+
+    def withdrawn(self, task_id: str) -> None:
+        """``task_id``'s submit gave up before any broker took it: its key's next task goes out."""
+        self._release(self.chains.end(task_id))
+
+    def _release(self, successor: str | None) -> None:
         if successor is None or self._stopped:
             return
         self._released.append(successor)
@@ -125,7 +146,7 @@ class KeyOrder:
                 try:
                     await self._send_released()
                     failures = 0
-                except TrubaError as exc:  # PipeError, Unavailable, SpoolError: try again later
+                except TrubaError as exc:  # PipeError, Unavailable: try again later
                     log.warning(
                         "client.key.release_failed",
                         extra={"job_id": self._job_id, "waiting": len(self._released), "error": repr(exc)},
@@ -137,14 +158,10 @@ class KeyOrder:
         """Sends the released tasks, oldest first; each leaves :attr:`_released` once sent."""
         while self._released:
             task_id = self._released[0]
-            task = self._bodies.get(task_id)
-            if task is not None:  # else cancelled meanwhile
-                # Forget marks first: after a crash, a key's oldest task on disk is the one sent last.
-                self._journal.flush()
-                await self._send(task)
-                del self._bodies[task_id]
-                log.debug("client.key.released", extra={"job_id": self._job_id, "task_id": task_id})
+            await self._send(self._bodies[task_id])
+            del self._bodies[task_id]
             self._released.popleft()
+            log.debug("client.key.released", extra={"job_id": self._job_id, "task_id": task_id})
 
     async def stop(self) -> None:
         """Sends no more (the job ended here, or was detached: the journal keeps the chains)."""

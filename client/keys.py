@@ -3,9 +3,9 @@
 ``submit(payload, key="bot-42")``: tasks of one key run one at a time, in submission order;
 tasks of different keys run in parallel. The client sequences them (see docs/client.md, "Tasks
 in order per key", for why here and not in the brokers): it keeps, per key, a FIFO of the
-key's tasks without a taken outcome (its *chain*); only the head of each chain is out at the
-brokers, and the next one is sent once the head's outcome was taken. The others are *held*:
-in the journal, and no demand for slots.
+key's tasks whose outcome has not come yet (its *chain*); only the head of each chain is out at
+the brokers, and the next one is sent once the head's outcome came. The others are *held*: in
+the journal, and no demand for slots.
 
 This module is the bookkeeping only (no I/O): :class:`KeyChains`. The sending is
 :class:`~truba.client.key_order.KeyOrder`'s.
@@ -45,7 +45,7 @@ def check_key(key: object) -> str:
 
 @final
 class KeyChains:
-    """Per key, the ids of its tasks without a taken outcome, oldest first; the first (the
+    """Per key, the ids of its tasks whose outcome has not come, oldest first; the first (the
     *head*) is the only one sent. Memory: an id and a dict entry per keyed task."""
 
     def __init__(self) -> None:
@@ -54,8 +54,11 @@ class KeyChains:
         """Every chained task's key."""
 
     def __len__(self) -> int:
-        """Keyed tasks without a taken outcome (heads and held)."""
+        """Keyed tasks whose outcome has not come (heads and held)."""
         return len(self._key_of)
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._key_of
 
     @property
     def held(self) -> int:
@@ -77,14 +80,24 @@ class KeyChains:
         chain.append(task_id)
         return False
 
-    def rebuild(self, tasks: Iterable[tuple[str, str]]) -> None:
-        """Chains ``(task id, key)`` pairs, oldest first (a resumed job's journal)."""
-        for task_id, key in tasks:
-            self.add(key, task_id)
+    def rebuild(self, tasks: Iterable[tuple[str, str]], sent: set[str]) -> list[str]:
+        """Chains a resumed job's ``(task id, key)`` pairs, oldest first, and returns the ones
+        whose outcome came before the crash. A task is only sent once the outcome of the one
+        before it came, so in each key the tasks older than its newest task in ``sent`` (a
+        broker confirmed them) had their outcomes: that newest one is the head."""
+        tasks = list(tasks)
+        newest = {key: index for index, (task_id, key) in enumerate(tasks) if task_id in sent}
+        came = []
+        for index, (task_id, key) in enumerate(tasks):
+            if index < newest.get(key, -1):
+                came.append(task_id)
+            else:
+                self.add(key, task_id)
+        return came
 
     def end(self, task_id: str) -> str | None:
-        """``task_id`` has its outcome (or was withdrawn): it leaves its chain. Returns the task
-        that became its key's head and is to be sent now, if any."""
+        """``task_id``'s outcome came (or it was withdrawn): it leaves its chain. Returns the
+        task that became its key's head and is to be sent now, if any."""
         key = self._key_of.pop(task_id, None)
         if key is None:
             return None
@@ -92,7 +105,7 @@ class KeyChains:
         was_head = chain[0] == task_id
         if was_head:
             chain.popleft()
-        else:  # not a head: a cancelled job's held tasks end in any order
+        else:  # not a head: nothing to send (a held task is never sent, so never ends this way)
             chain.remove(task_id)
         if not chain:
             del self._chains[key]

@@ -97,22 +97,25 @@ class Submission:
         """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
         self.delayed = DelayedCount(on_change)
         """Delayed tasks not due yet (the progress reports say how many)."""
-        self.keys = KeyOrder(job_id, journal, self._send_task, on_change)
+        self.keys = KeyOrder(job_id, self._send_task, on_change)
         """Keyed tasks held until their turn (the progress reports count them as delayed)."""
         self.watch = LossWatch(links, marker, self._brokers_lost, job_id=job_id, known=resumed, reach=reach)
 
     async def start(self) -> None:
         """Starts watching for lost brokers, and sends what no broker confirmed (a resumed job);
         every task without an outcome if a broker lost the job's data meanwhile."""
-        self.keys.rebuild(self._journal.take_keyed())
+        unconfirmed = self._journal.unconfirmed()
+        keyed = self._journal.take_keyed()
+        self.keys.rebuild(keyed, {task_id for task_id, _, _ in keyed} - set(unconfirmed))
         lost = await self.watch.start()
         if len(self._journal):
             self._on_change()  # a resumed job: the scheduler hears from its client again
         if lost:
             await self._brokers_lost(lost)
             return
-        # A key's held tasks were never sent: only its head may be (again).
-        unconfirmed = [task_id for task_id in self._journal.unconfirmed() if not self.keys.is_held(task_id)]
+        # A key's held tasks were never sent, and the older ones had their outcomes: only its head
+        # may be sent (again).
+        unconfirmed = [task_id for task_id in unconfirmed if not self.keys.holds(task_id)]
         if unconfirmed:
             log.info(
                 "client.job.resend_unconfirmed", extra={"job_id": self._job_id, "count": len(unconfirmed)}
@@ -164,7 +167,7 @@ class Submission:
             await self._send_new(task, timeout)
         except BaseException:
             if task_id not in self._journal:  # withdrawn: the key's next task (if any) goes out
-                self.keys.ended(task_id)
+                self.keys.withdrawn(task_id)
             raise
         return task_id
 
@@ -259,7 +262,7 @@ class Submission:
         again = [
             task_id
             for task_id in self._journal.outstanding()
-            if task_id not in self._confirmations and not self.keys.is_held(task_id)
+            if task_id not in self._confirmations and not self.keys.holds(task_id)
         ]
         log.warning(
             "client.job.resubmit",

@@ -15,6 +15,7 @@ import pytest
 
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
 from truba.client import Client, InvalidArgument, Job
+from truba.client.blocking import BlockingJob, _LoopThread
 from truba.client.encoded import EncodedTask
 from truba.client.journal import Journal
 from truba.client.keys import KeyChains
@@ -132,7 +133,7 @@ async def test_held_tasks_are_reported_as_no_demand_like_delayed_ones(
     await job.cancel()
 
 
-async def test_an_error_outcome_releases_the_keys_next_task_too(
+async def test_an_error_outcome_releases_the_keys_next_task_as_soon_as_it_comes(
     scheduler: FakeScheduler, client: Client
 ) -> None:
     job = await client.create_job("h:f", frames=False)
@@ -149,16 +150,13 @@ async def test_an_error_outcome_releases_the_keys_next_task_too(
     await daemon.run()
     failed = await anext(results)
     assert failed.task_id == ids[0] and not failed.ok
-    assert queued(scheduler, job) == []  # not taken yet: the consumer still holds it
-    taking = asyncio.create_task(anext(results))  # asking for the next takes the error
+    # The consumer still holds the error (not taken yet): the next task went out when it came.
     await until(lambda: queued(scheduler, job) == ids[1:2])
     await daemon.run()
-    assert (await taking).task_id == ids[1]
-    taking = asyncio.create_task(anext(results))
+    assert (await anext(results)).task_id == ids[1]
     await until(lambda: queued(scheduler, job) == ids[2:3])
     await daemon.run()
-    assert (await taking).task_id == ids[2]
-    assert [o.task_id async for o in results] == []
+    assert [o.task_id async for o in results] == ids[2:]
 
 
 async def test_a_duplicate_outcome_of_a_head_releases_its_next_task_once(
@@ -172,14 +170,12 @@ async def test_a_duplicate_outcome_of_a_head_releases_its_next_task_once(
     await daemon.answer(first)  # a daemon died after sending its result: it ran again
     results = job.results()
     assert (await anext(results)).task_id == ids[0]
-    taking = asyncio.create_task(anext(results))  # takes ids[0]; its duplicate is dropped
     await until(lambda: queued(scheduler, job) == ids[1:2])
     await daemon.run()
-    assert (await taking).task_id == ids[1]
-    taking = asyncio.create_task(anext(results))
+    assert (await anext(results)).task_id == ids[1]  # the duplicate of ids[0] was dropped
     await until(lambda: queued(scheduler, job) == ids[2:3])
     assert [t.task_id for t in daemon.seen] == ids[:2]
-    taking.cancel()
+    await results.aclose()
     await job.cancel()
 
 
@@ -220,13 +216,13 @@ async def test_a_delayed_head_holds_its_key_until_it_ran(
     await daemon.run()
     results = job.results()
     assert (await anext(results)).task_id == other
+    assert queued(scheduler, job) == []  # `after` waits for `later`, due in an hour
     clock.ahead = 3601
     broker.release_due()
     assert [t.task_id for t in await daemon.run()] == [later]
     assert (await anext(results)).task_id == later
-    taking = asyncio.create_task(anext(results))
     await until(lambda: queued(scheduler, job) == [after])
-    taking.cancel()
+    await results.aclose()
     await job.cancel()
 
 
@@ -278,9 +274,9 @@ async def test_resume_rebuilds_the_chains_and_sends_only_heads_never_a_held_task
     await daemon.run()  # a0 and b0 ran; their results wait
     results = job.results()
     assert (await anext(results)).task_id == a[0]
-    assert (await anext(results)).task_id == b[0]  # a0 taken: a1 goes out
-    await until(lambda: queued(scheduler, job) == [a[1]])
-    await results.aclose()  # b0 put back: its result comes again
+    assert (await anext(results)).task_id == b[0]  # a0 taken; both came: a1 and b1 go out
+    await until(lambda: queued(scheduler, job) == [a[1], b[1]])
+    await results.aclose()  # b0 put back (not taken): its result comes again
     await job._submission.settle_confirms()
     await job.detach()  # as if the process died here
     # A key whose tasks were recorded and never sent: the process died before the head went out.
@@ -292,10 +288,11 @@ async def test_resume_rebuilds_the_chains_and_sends_only_heads_never_a_held_task
 
     async with client_for(scheduler, journal=tmp_path) as second:
         resumed = await second.resume(job.id)
-        # Sent again: z's head only. a1 (confirmed) is left to the broker; a2, b1 and z-1 wait.
+        # Sent again: z's head only. a1 and b1 (confirmed) are left to the broker, b0 (its
+        # outcome came) is not sent again; a2 and z-1 wait.
         assert scheduler.brokers[0].published == published + 1
-        assert queued(scheduler, job) == [a[1], "z-0"]
-        assert resumed._submission.keys.held == 3
+        assert queued(scheduler, job) == [a[1], b[1], "z-0"]
+        assert resumed._submission.keys.held == 2
         batches: list[list[TaskMessage]] = []
         serving = asyncio.create_task(serve(daemon, batches))
         await resumed.close()
@@ -331,9 +328,9 @@ async def test_keyed_calls_and_group_members_keep_their_keys_order(
 async def test_a_job_without_keys_adds_nothing_per_outcome(scheduler: FakeScheduler, client: Client) -> None:
     job = await client.create_job("h:f")
     await job.submit("x")
-    assert job._stream.settled is None  # the result stream tells no one of its outcomes
+    assert job._stream.arrived is None and job._stream.settled is None  # tells nobody of outcomes
     await job.submit("y", key="a")
-    assert job._stream.settled is not None
+    assert job._stream.arrived is not None and job._stream.settled is not None
     await job.cancel()
 
 
@@ -367,6 +364,17 @@ def test_chains_release_the_next_head_only_when_a_head_ends() -> None:
     assert len(chains) == 0 and chains.held == 0
 
 
+def test_rebuilt_chains_start_at_each_keys_newest_confirmed_task() -> None:
+    chains = KeyChains()
+    tasks = [("a0", "a"), ("b0", "b"), ("a1", "a"), ("a2", "a"), ("b1", "b"), ("a3", "a")]
+    # a0, a1, a2 confirmed: a2 was sent, so a0's and a1's outcomes had come; b0 never confirmed.
+    came = chains.rebuild(tasks, {"a0", "a1", "a2"})
+    assert came == ["a0", "a1"]
+    assert not chains.is_held("a2") and chains.is_held("a3")
+    assert not chains.is_held("b0") and chains.is_held("b1")
+    assert chains.held == 2
+
+
 async def test_a_broker_that_lost_its_data_gets_the_heads_again_never_a_held_task(
     monkeypatch: pytest.MonkeyPatch, scheduler: FakeScheduler, client: Client
 ) -> None:
@@ -381,3 +389,30 @@ async def test_a_broker_that_lost_its_data_gets_the_heads_again_never_a_held_tas
     await until(lambda: queued(scheduler, job) == [a[0], b[0]])  # the loss is seen, the heads sent again
     assert broker.published == 4 and job._submission.keys.held == 3
     await job.cancel()
+
+
+def test_the_blocking_job_submits_and_calls_with_a_key_too(scheduler: FakeScheduler) -> None:
+    runner = _LoopThread()
+    try:
+
+        async def start() -> tuple[Client, BlockingJob, FakeDaemon, asyncio.Task[None]]:
+            client = client_for(scheduler)
+            await client.connect()
+            job = await client.create_job("h:f", frames=False)
+            (daemon,) = daemons_for(scheduler, job)
+            return client, BlockingJob(job, runner), daemon, asyncio.create_task(serve(daemon, []))
+
+        client, job, daemon, server = runner.run(start())
+        first = job.submit("first", key="k")
+        # The call's task goes out once the first one's outcome came, though nobody takes that
+        # outcome (it is parked for results()).
+        assert job.call("second", key="k", timeout=10) == "second"
+        assert [t.task_id for t in daemon.seen][0] == first
+
+        async def stop() -> None:
+            server.cancel()
+            await client.close()
+
+        runner.run(stop())
+    finally:
+        runner.stop()
