@@ -133,49 +133,12 @@ class Submission:
         key: str | None = None,
     ) -> str:
         """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`.
-        A task with an order ``key`` goes to :meth:`submit_keyed`."""
-        if key is not None:
-            return await self.submit_keyed(
-                payload, key, priority=priority, timeout=timeout, delay=delay, not_before=not_before
-            )
-        task = self._encode(payload, priority, delay, not_before)
-        await self._journal.record(task.task_id, task.data)
-        await self._send_new(task, timeout)
-        return task.task_id
-
-    async def submit_keyed(
-        self,
-        payload: object,
-        key: str,
-        *,
-        priority: int | None = None,
-        timeout: float | None = None,
-        delay: float | None = None,
-        not_before: datetime | None = None,
-    ) -> str:
-        """Records one task of order key ``key``: sends it if it is its key's head (as
-        :meth:`submit` does), else holds it (:mod:`truba.client.key_order`)."""
-        check_key(key)
-        task = self._encode(payload, priority, delay, not_before)
-        task_id = task.task_id
-        await self._journal.record(task_id, task.data, key)
-        if not self.keys.add(key, task):
-            self._on_change()
-            log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})
-            return task_id
-        try:
-            await self._send_new(task, timeout)
-        except BaseException:
-            if task_id not in self._journal:  # withdrawn: the key's next task (if any) goes out
-                self.keys.withdrawn(task_id)
-            raise
-        return task_id
-
-    def _encode(
-        self, payload: object, priority: int | None, delay: float | None, not_before: datetime | None
-    ) -> EncodedTask:
-        """A new task, checked and encoded (nothing recorded yet)."""
+        A task with an order ``key`` that is not its key's head is held instead
+        (:mod:`truba.client.key_order`): then it returns once the task is recorded."""
+        # One path for every task, inline: it is the hot path (a key costs its tests only).
         due = 0.0 if delay is None and not_before is None else due_time(delay, not_before, time.time())
+        if key is not None:
+            check_key(key)
         if self._status.closed:
             raise PipeClosed(f"job {self._job_id} is closed: no more tasks")
         if priority is not None:
@@ -191,11 +154,11 @@ class Submission:
                 "pass large data by reference (a path or a URL); nothing was sent"
             )
         self._next += 1
-        return task
-
-    async def _send_new(self, task: EncodedTask, timeout: float | None) -> None:
-        """Sends a task just recorded; withdraws it from the journal if no broker took it."""
-        task_id = task.task_id
+        await self._journal.record(task_id, task.data, key)
+        if key is not None and not self.keys.add(key, task):
+            self._on_change()
+            log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})
+            return task_id
         try:
             async with self._reach.bounded(self._submitting):
                 if timeout is None:  # the common case: no timer to arm
@@ -204,18 +167,25 @@ class Submission:
                     async with asyncio.timeout(timeout):
                         confirmation = await self._tasks.send(task)
         except TimeoutError:
-            self._journal.withdraw(task_id)
+            self._withdraw(task_id, key)
             raise SubmitTimeout(
                 f"task {task_id}: no broker took it within {timeout} s; it was not submitted"
             ) from None
         except (PipeError, CodecError, Unavailable):
-            self._journal.withdraw(task_id)
+            self._withdraw(task_id, key)
             raise
         self._watch_confirm(task_id, confirmation)
-        if task.not_before:
-            self.delayed.add(task_id, task.not_before)
+        if due:
+            self.delayed.add(task_id, due)
         self._on_change()
         log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
+        return task_id
+
+    def _withdraw(self, task_id: str, key: str | None) -> None:
+        """No broker took the task: it was not submitted (a key's next task, if any, goes out)."""
+        self._journal.withdraw(task_id)
+        if key is not None:
+            self.keys.withdrawn(task_id)
 
     def _watch_confirm(self, task_id: str, confirmation: Confirmation) -> None:
         self._confirmations[task_id] = confirmation
