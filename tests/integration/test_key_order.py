@@ -28,7 +28,7 @@ CHILD = Path(__file__).with_name("keys_client_proc.py")
 SMALL_KEYS = 100
 SMALL_TASKS = 50
 HOT_TASKS = 5000
-"""The hot key's tasks: one round trip each (about 5 ms here), one after another."""
+"""The hot key's tasks: one round trip each (about 3 ms here), one after another."""
 
 
 def attempts(log: Path) -> dict[str, list[tuple[int, int]]]:
