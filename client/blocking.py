@@ -92,16 +92,22 @@ class BlockingJob(Generic[P, R]):
         timeout: float | None = None,
         delay: float | None = None,
         not_before: datetime | None = None,
+        key: str | None = None,
     ) -> str:
         """Sends one task (``delay=`` seconds or ``not_before=`` an aware datetime: the brokers
-        hold it until then); returns its id (see Job.submit)."""
+        hold it until then; ``key=``: after the tasks submitted before it with that key, one at a
+        time); returns its id (see Job.submit)."""
         return self._run(
-            self._job.submit(payload, priority=priority, timeout=timeout, delay=delay, not_before=not_before)
+            self._job.submit(
+                payload, priority=priority, timeout=timeout, delay=delay, not_before=not_before, key=key
+            )
         )
 
-    def call(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> R:
+    def call(
+        self, payload: P, *, priority: int | None = None, timeout: float | None = None, key: str | None = None
+    ) -> R:
         """Submits one task and returns its result or raises its error (see Job.call)."""
-        return self._run(self._job.call(payload, priority=priority, timeout=timeout))
+        return self._run(self._job.call(payload, priority=priority, timeout=timeout, key=key))
 
     def close(self) -> None:
         """No more tasks."""

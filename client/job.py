@@ -34,11 +34,9 @@ from truba.client.callback import OutcomeCallback, deliver
 from truba.client.dead_letters import DeadLetters, DeadRetry, read_dead_letters
 from truba.client.dispatch import Dispatch, DrainedCallback
 from truba.client.encoded import EncodedTask
-from truba.client.errors import Unavailable
 from truba.client.framing import FrameSizer
 from truba.client.group import Group, Groups
 from truba.client.group_book import GroupBook
-from truba.client.interrupt import DETACH_SECONDS, left_running
 from truba.client.job_ending import DETACH_PATIENCE, JobEnding
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobCalls, JobStatus
@@ -119,6 +117,8 @@ class Job(Generic[P, R]):
             on_done=lambda: self._ending.finish(),
             reach=reach,
         )
+        keys = self._submission.keys
+        keys.on_active = lambda: self._stream.tell(keys.arrived, keys.settled)
         self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
         self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)
         self._dispatch.claims.append(self._groups.claim)
@@ -144,15 +144,7 @@ class Job(Generic[P, R]):
         (no more tasks), cancels it if the block raised an Exception (it would be left half
         submitted), and leaves it running and resumable on KeyboardInterrupt, cancellation, or
         an unreachable cluster (Unavailable): then it is the user's to resume or cancel."""
-        if self.ended:
-            return
-        if exc_type is None:
-            await self.close()
-        elif issubclass(exc_type, Exception) and not issubclass(exc_type, Unavailable):
-            await self.cancel_quietly(exc)
-        else:
-            await self.detach(DETACH_SECONDS)
-            left_running(self.id, resumable=self.journal_path is not None)
+        await self._ending.leave_block(exc_type, exc, self.close)
 
     async def cancel_quietly(self, cause: BaseException | None) -> None:
         """Cancels the job because of ``cause`` (raised on to the caller); a cancel that fails
@@ -201,15 +193,15 @@ class Job(Generic[P, R]):
     @property
     def ended(self) -> bool:
         """Finished, cancelled or detached: this object has no more work to do."""
-        return self._ending.finished or self._status.cancelled or self._ending.detached
+        return self._ending.ended
 
     @property
     def journal_path(self) -> str | None:
         """Where the job's tasks wait for their outcomes on disk (None: memory only)."""
         return None if self._journal.directory is None else str(self._journal.directory)
 
-    def _counts(self) -> tuple[int, int, int]:
-        return self.submitted, self.received, self._submission.delayed.pending()
+    def _counts(self) -> tuple[int, int, int]:  # held keyed tasks: no demand yet, like delayed ones
+        return self.submitted, self.received, self._submission.delayed.pending() + self._submission.keys.held
 
     def submit(
         self,
@@ -219,6 +211,7 @@ class Job(Generic[P, R]):
         timeout: float | None = None,
         delay: float | None = None,
         not_before: datetime | None = None,
+        key: str | None = None,
     ) -> Coroutine[Any, Any, str]:
         """Sends one task; returns (awaited) its id once a broker accepted it for sending.
 
@@ -230,6 +223,9 @@ class Job(Generic[P, R]):
         (±1 s; no consumer holds it meanwhile), survives a broker restart, and keeps the job
         open: ``close()`` and ``results()`` end only once its outcome is in.
 
+        Tasks of one ``key`` run one at a time, in submission order; a task waits (*held*, in the
+        journal, ``submit`` returns) until its key's previous outcome came (truba.client.key_order).
+
         Args:
             priority: 0 (the default) to 9, higher taken first; only for a job created with
                 ``priorities=True``.
@@ -237,8 +233,10 @@ class Job(Generic[P, R]):
             delay: seconds to wait before the task may run (delays of days are fine).
             not_before: the earliest time the task may run: an aware datetime (a naive one is
                 refused); one in the past means now.
+            key: the task's order key: a non-empty ``str`` of at most 256 bytes in UTF-8.
 
         Raises:
+            InvalidArgument: a bad ``key`` (nothing recorded or sent).
             ValueError: a priority on a job without priorities, or out of range; both ``delay``
                 and ``not_before``, a negative delay, a naive ``not_before``, or a due time
                 over the longest delay (13 years) (nothing sent).
@@ -252,7 +250,7 @@ class Job(Generic[P, R]):
         # The submission's coroutine itself, not one awaiting it: no extra frame per task.
         sent = pickled_payload(payload) if self._pickle else payload
         return self._submission.submit(
-            sent, priority=priority, timeout=timeout, delay=delay, not_before=not_before
+            sent, priority=priority, timeout=timeout, delay=delay, not_before=not_before, key=key
         )
 
     async def close(self) -> None:
@@ -319,15 +317,20 @@ class Job(Generic[P, R]):
         mappable = cast(Mappable, self)  # submits payloads of type P only, which map passes through
         return map_outcomes(mappable, payloads, ordered=ordered, window=window, progress=progress)
 
-    async def call(self, payload: P, *, priority: int | None = None, timeout: float | None = None) -> R:
+    async def call(
+        self, payload: P, *, priority: int | None = None, timeout: float | None = None, key: str | None = None
+    ) -> R:
         """Submits one task and returns its result, or raises its error (``TaskFailed``,
         ``TaskGaveUp``, ``TaskCancelled``); many calls may wait at once (truba.client.call).
+        With ``key``, it runs after its key's earlier tasks (see ``submit``); ``timeout`` counts them too.
 
         Raises:
             CallTimeout: no outcome within ``timeout`` seconds; the task goes on, and its
                 outcome goes to ``results()``/``on_result`` once.
         """
-        outcome = await call_task(self._dispatch, lambda: self.submit(payload, priority=priority), timeout)
+        outcome = await call_task(
+            self._dispatch, lambda: self.submit(payload, priority=priority, key=key), timeout
+        )
         return cast(R, outcome.result())
 
     def group(self, name: str | None = None) -> Group[R]:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import shutil
+from collections.abc import Awaitable, Callable
 from typing import Final, final
 
 from truba.client.errors import Unavailable
@@ -57,6 +58,29 @@ class JobEnding:
         self._groups = groups
         self.finished = False
         self.detached = False
+
+    @property
+    def ended(self) -> bool:
+        """Finished, cancelled or detached: the job has no more work to do here."""
+        return self.finished or self._status.cancelled or self.detached
+
+    async def leave_block(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        close: Callable[[], Awaitable[None]],
+    ) -> None:
+        """The job's ``async with`` block ended: ``close`` it, cancel it after an Exception, or
+        detach it (KeyboardInterrupt, cancellation, Unavailable); see :meth:`Job.__aexit__`."""
+        if self.ended:
+            return
+        if exc_type is None:
+            await close()
+        elif issubclass(exc_type, Exception) and not issubclass(exc_type, Unavailable):
+            await self.cancel_quietly(exc)
+        else:
+            await self.detach(DETACH_SECONDS)
+            left_running(self._job_id, resumable=self._journal.directory is not None)
 
     async def check_state(self) -> None:
         """No result for a while: was the job cancelled elsewhere, or has it a problem?"""

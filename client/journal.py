@@ -5,15 +5,18 @@ to keep it until its outcome arrives (see DESIGN.md, "End to end"). The journal 
 pipes' disk buffer (:class:`~truba.pipes.spool_log.SpoolLog` and its fsync policies,
 :mod:`truba.pipes.fsync`) and holds, in one directory per job::
 
-    tasks/          one record per task: its id and encoded message; forgotten when the
-                    application has taken the task's outcome
+    tasks/          one record per task: its id, its order key if it has one, and its
+                    encoded message; forgotten when the application has taken the task's outcome
     confirmed/      one 8-byte record (the task record's seq) per task a broker confirmed,
                     written in batches (a frame's confirm confirms many); forgotten with the task
     withdrawn.json  tasks whose ``submit`` gave up before a broker took them (never sent)
 
 After a crash, :meth:`Journal.open` recovers every task without an outcome: those no broker
 confirmed are to be sent again at once, the confirmed ones are waited for (and sent again if
-their broker is declared lost). ``recorded`` counts every task ever submitted to the job,
+their broker is declared lost); the tasks with an order key come back with their keys, oldest
+first with their messages (:meth:`Journal.take_keyed`), so that their chains are rebuilt
+(:mod:`truba.client.key_order`, which keeps held tasks' messages in memory until they are sent).
+``recorded`` counts every task ever submitted to the job,
 across runs, exactly: the tasks log's seqs never go back.
 
 Memory: per outstanding task, its id and two seqs; payloads stay on disk and are read back
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 SEGMENT_BYTES: Final = 64 * 1024 * 1024
 _KEY: Final = struct.Struct("<H")
+_KEYED: Final = 0x8000
+"""Set in a task record's id length: the task has an order key (its length and bytes follow the id)."""
 _SEQ: Final = struct.Struct("<Q")
 WITHDRAWN_FILE: Final = "withdrawn.json"
 _PENDING: Final = -1
@@ -73,6 +78,8 @@ class Journal:
         """Tasks confirmed whose marks are not written yet."""
         self._withdrawn = 0
         self._closed = False
+        self._keyed: list[tuple[str, str, bytes]] = []
+        """The recovered tasks with an order key (id, key, message), oldest first, until taken."""
 
     @classmethod
     def open(cls, directory: str | os.PathLike[str], *, fsync: FsyncPolicy = "interval") -> Journal:
@@ -122,12 +129,19 @@ class Journal:
             SpoolError: the disk could not be read.
         """
         seqs = [self._entries[t].seq for t in task_ids if t in self._entries]
-        return dict(_split(record) for record in self._tasks.read(seqs).values())
+        return dict(_split(record)[:2] for record in self._tasks.read(seqs).values())
+
+    def take_keyed(self) -> list[tuple[str, str, bytes]]:
+        """The recovered outstanding tasks that have an order key, ``(task id, key, encoded
+        message)``, oldest first; once (the job's key chains are rebuilt from them)."""
+        keyed, self._keyed = self._keyed, []
+        return [task for task in keyed if task[0] in self._entries]
 
     # -- writing ---------------------------------------------------------------------------------
 
-    async def record(self, task_id: str, data: bytes) -> None:
-        """Writes a new task before it is sent; returns when it is as durable as the fsync policy says.
+    async def record(self, task_id: str, data: bytes, key: str | None = None) -> None:
+        """Writes a new task (with its order ``key``, if any) before it is sent; returns when it
+        is as durable as the fsync policy says.
 
         Raises:
             ValueError: ``task_id`` is already outstanding.
@@ -135,8 +149,13 @@ class Journal:
         """
         if task_id in self._entries:
             raise ValueError(f"task {task_id} is already in the journal")
-        key = task_id.encode()
-        seq = self._tasks.append(_KEY.pack(len(key)) + key + data)
+        name = task_id.encode()
+        if key is None:
+            seq = self._tasks.append(_KEY.pack(len(name)) + name + data)
+        else:
+            ordered = key.encode()
+            head = _KEY.pack(len(name) | _KEYED) + name + _KEY.pack(len(ordered)) + ordered
+            seq = self._tasks.append(head + data)
         self._entries[task_id] = _Entry(seq)
         await self._commit.commit()
 
@@ -249,11 +268,13 @@ class Journal:
         withdrawn, pending_withdrawals = self._load_withdrawn()
         self._withdrawn = withdrawn
         for seq, record in self._tasks.recovered:
-            task_id, _ = _split(record)
+            task_id, data, key = _split(record)
             if task_id in pending_withdrawals:
                 self._tasks.forget(seq)
                 continue
             self._entries[task_id] = _Entry(seq, marks.pop(seq, None))
+            if key is not None:
+                self._keyed.append((task_id, key, data))
         self._tasks.recovered = []
         for orphan in marks.values():  # its task was settled, its own forget mark lost
             self._confirms.forget(orphan)
@@ -267,6 +288,7 @@ class Journal:
                 "outstanding": len(self._entries),
                 "unconfirmed": len(self.unconfirmed()),
                 "recorded": self.recorded,
+                "keyed": len(self._keyed),
             },
         )
 
@@ -292,10 +314,17 @@ class Journal:
             raise SpoolError(f"journal {self.directory}: cannot write {WITHDRAWN_FILE}: {exc}") from exc
 
 
-def _split(record: bytes) -> tuple[str, bytes]:
+def _split(record: bytes) -> tuple[str, bytes, str | None]:
+    """A task record's id, encoded message and order key (None: it has none)."""
     (size,) = _KEY.unpack_from(record)
-    end = _KEY.size + size
-    return record[_KEY.size : end].decode(), record[end:]
+    if not size & _KEYED:
+        end = _KEY.size + size
+        return record[_KEY.size : end].decode(), record[end:], None
+    end = _KEY.size + (size & ~_KEYED)
+    task_id = record[_KEY.size : end].decode()
+    (key_size,) = _KEY.unpack_from(record, end)
+    key_end = end + _KEY.size + key_size
+    return task_id, record[key_end:], record[end + _KEY.size : key_end].decode()
 
 
 @final
@@ -327,7 +356,10 @@ class MemoryJournal:
     def load(self, task_ids: Iterable[str]) -> dict[str, bytes]:
         return {t: self._entries[t][0] for t in task_ids if t in self._entries}
 
-    async def record(self, task_id: str, data: bytes) -> None:
+    def take_keyed(self) -> list[tuple[str, str, bytes]]:
+        return []  # nothing to recover: the job cannot be resumed
+
+    async def record(self, task_id: str, data: bytes, key: str | None = None) -> None:
         if task_id in self._entries:
             raise ValueError(f"task {task_id} is already in the journal")
         self._entries[task_id] = (data, False)

@@ -92,12 +92,22 @@ class ResultStream:
         """Sees every outcome first; True: it took the outcome (a call's, a group's)."""
         self.idle: Callable[[], None] | None = None
         """Called when the last consumer stops iterating (a router may pump again)."""
+        self.arrived: Callable[[str], None] | None = None
+        """Told every task whose outcome came (a task still in the journal), before the router
+        and the consumers (set once the job has keyed tasks: a key's next task goes out then)."""
+        self.settled: Callable[[str], None] | None = None
+        """Told every task whose outcome was taken, after the journal forgot it (with ``arrived``)."""
         self._consumers = 0
         """Consumers iterating now (the pump not counted)."""
         self._parked: collections.deque[Delivery[ResultMessage]] = collections.deque()
         """Results the pump read and no router claimed: not taken, the next consumer's first."""
         self._reading = asyncio.Lock()
         """One reader of the result pipe at a time (a consumer and the pump may overlap)."""
+
+    def tell(self, arrived: Callable[[str], None], settled: Callable[[str], None]) -> None:
+        """From now on, tells ``arrived`` of every outcome that comes and ``settled`` of every
+        one taken (a job's keyed tasks: :mod:`truba.client.key_order`)."""
+        self.arrived, self.settled = arrived, settled
 
     async def outcomes(self, *, pump: Callable[[], bool] | None = None) -> AsyncGenerator[Outcome, None]:
         """One outcome per task, in arrival order, until the job is done; see :meth:`Job.results`.
@@ -139,6 +149,8 @@ class ResultStream:
                     )
                     self._taken.append(delivery)
                     continue
+                if self.arrived is not None:
+                    self.arrived(message.task_id)
                 outcome = Outcome.from_message(message)
                 if self.route is not None and self.route(outcome):
                     await self._take(delivery)
@@ -187,7 +199,10 @@ class ResultStream:
     async def _take(self, delivery: Delivery[ResultMessage]) -> None:
         """The application took this outcome: the journal forgets its task; its result is
         acked with the next batch (:meth:`ack_taken`)."""
-        self._journal.settle(delivery.message.task_id)
+        task_id = delivery.message.task_id
+        self._journal.settle(task_id)
+        if self.settled is not None:
+            self.settled(task_id)
         self._on_taken()
         self._taken.append(delivery)
         if len(self._taken) >= ACK_BATCH:

@@ -7,9 +7,10 @@ confirm (a nack, a broker gone) puts it aside, and :meth:`Submission.confirm_all
 sends those again, for at most :data:`RESEND_ROUNDS` rounds. A resumed job sends at once what no
 broker confirmed before the crash. A broker found to have lost its data (:class:`LossWatch`: the
 job's marker queue is gone) may have held any task still without an outcome, its task or its
-result: every one is sent again, once however many brokers were found lost together, and not
-while its last send still waits for its confirm (the pipes carry that one to a live broker);
-the result stream drops the duplicate outcomes.
+result: every one is sent again (a key's held tasks excepted: :mod:`truba.client.key_order`),
+once however many brokers were found lost together, and not while its last send still waits
+for its confirm (the pipes carry that one to a live broker); the result stream drops the
+duplicate outcomes.
 
 Waits on the brokers (a send, the confirms at close) end with
 :class:`~truba.client.errors.Unavailable` once every broker has been unreachable for the
@@ -32,6 +33,8 @@ from truba.client.delays import DelayedCount, due_time
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import Unavailable
 from truba.client.journal import TaskJournal
+from truba.client.key_order import KeyOrder
+from truba.client.keys import check_key
 from truba.client.lifecycle import JobStatus
 from truba.client.reach import Reach
 from truba.client.watch import LossWatch
@@ -94,18 +97,25 @@ class Submission:
         """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
         self.delayed = DelayedCount(on_change)
         """Delayed tasks not due yet (the progress reports say how many)."""
+        self.keys = KeyOrder(job_id, self._send_task, on_change)
+        """Keyed tasks held until their turn (the progress reports count them as delayed)."""
         self.watch = LossWatch(links, marker, self._brokers_lost, job_id=job_id, known=resumed, reach=reach)
 
     async def start(self) -> None:
         """Starts watching for lost brokers, and sends what no broker confirmed (a resumed job);
         every task without an outcome if a broker lost the job's data meanwhile."""
+        unconfirmed = self._journal.unconfirmed()
+        keyed = self._journal.take_keyed()
+        self.keys.rebuild(keyed, {task_id for task_id, _, _ in keyed} - set(unconfirmed))
         lost = await self.watch.start()
         if len(self._journal):
             self._on_change()  # a resumed job: the scheduler hears from its client again
         if lost:
             await self._brokers_lost(lost)
             return
-        unconfirmed = self._journal.unconfirmed()
+        # A key's held tasks were never sent, and the older ones had their outcomes: only its head
+        # may be sent (again).
+        unconfirmed = [task_id for task_id in unconfirmed if not self.keys.holds(task_id)]
         if unconfirmed:
             log.info(
                 "client.job.resend_unconfirmed", extra={"job_id": self._job_id, "count": len(unconfirmed)}
@@ -120,9 +130,15 @@ class Submission:
         timeout: float | None = None,
         delay: float | None = None,
         not_before: datetime | None = None,
+        key: str | None = None,
     ) -> str:
-        """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`."""
+        """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`.
+        A task with an order ``key`` that is not its key's head is held instead
+        (:mod:`truba.client.key_order`): then it returns once the task is recorded."""
+        # One path for every task, inline: it is the hot path (a key costs its tests only).
         due = 0.0 if delay is None and not_before is None else due_time(delay, not_before, time.time())
+        if key is not None:
+            check_key(key)
         if self._status.closed:
             raise PipeClosed(f"job {self._job_id} is closed: no more tasks")
         if priority is not None:
@@ -138,7 +154,11 @@ class Submission:
                 "pass large data by reference (a path or a URL); nothing was sent"
             )
         self._next += 1
-        await self._journal.record(task_id, task.data)
+        await self._journal.record(task_id, task.data, key)
+        if key is not None and not self.keys.add(key, task):
+            self._on_change()
+            log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})
+            return task_id
         try:
             async with self._reach.bounded(self._submitting):
                 if timeout is None:  # the common case: no timer to arm
@@ -147,12 +167,12 @@ class Submission:
                     async with asyncio.timeout(timeout):
                         confirmation = await self._tasks.send(task)
         except TimeoutError:
-            self._journal.withdraw(task_id)
+            self._withdraw(task_id, key)
             raise SubmitTimeout(
                 f"task {task_id}: no broker took it within {timeout} s; it was not submitted"
             ) from None
         except (PipeError, CodecError, Unavailable):
-            self._journal.withdraw(task_id)
+            self._withdraw(task_id, key)
             raise
         self._watch_confirm(task_id, confirmation)
         if due:
@@ -160,6 +180,12 @@ class Submission:
         self._on_change()
         log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
         return task_id
+
+    def _withdraw(self, task_id: str, key: str | None) -> None:
+        """No broker took the task: it was not submitted (a key's next task, if any, goes out)."""
+        self._journal.withdraw(task_id)
+        if key is not None:
+            self.keys.withdrawn(task_id)
 
     def _watch_confirm(self, task_id: str, confirmation: Confirmation) -> None:
         self._confirmations[task_id] = confirmation
@@ -189,18 +215,25 @@ class Submission:
                 if data is None:  # its outcome came meanwhile
                     continue
                 self._failed.discard(task_id)
-                task = codec.decode(data)
-                async with self._reach.bounded(f"send job {self._job_id}'s tasks again"):
-                    confirmation = await self._tasks.send(task)
-                self._watch_confirm(task_id, confirmation)
-                if task.not_before:  # it waits only what is left of its delay
-                    self.delayed.add(task_id, task.not_before)
+                await self._send_task(codec.decode(data))
+
+    async def _send_task(self, task: EncodedTask) -> None:
+        """Sends a task of the journal (again, or a key's next) and watches its confirm."""
+        async with self._reach.bounded(f"send job {self._job_id}'s tasks"):
+            confirmation = await self._tasks.send(task)
+        self._watch_confirm(task.task_id, confirmation)
+        if task.not_before:  # it waits only what is left of its delay
+            self.delayed.add(task.task_id, task.not_before)
 
     async def _brokers_lost(self, brokers: Sequence[Broker]) -> None:
         """Brokers lost their data: every task without an outcome may have been there (its task
         or its result), so each is sent again once, unless its last send still awaits a confirm
         (the pipes see that one through); duplicate outcomes are dropped."""
-        again = [task_id for task_id in self._journal.outstanding() if task_id not in self._confirmations]
+        again = [
+            task_id
+            for task_id in self._journal.outstanding()
+            if task_id not in self._confirmations and not self.keys.holds(task_id)
+        ]
         log.warning(
             "client.job.resubmit",
             extra={"job_id": self._job_id, "brokers": [b.name for b in brokers], "count": len(again)},
@@ -246,6 +279,7 @@ class Submission:
     async def close(self) -> None:
         """Closes the task pipe (a broken one too); idempotent. Stop :attr:`watch` first."""
         self.delayed.stop()
+        await self.keys.stop()
         with contextlib.suppress(PipeError):
             await self._tasks.close()
 
