@@ -10,7 +10,11 @@ with the pid of the daemon running it.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +27,22 @@ from truba.client import Client, InvalidArgument
 pytestmark = pytest.mark.integration
 
 HANDLER = "tests.handlers.periodic:record"
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def truba(address: str, *argv: str) -> str:
+    """``truba ARGV --scheduler ADDRESS``'s output (it must succeed)."""
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "truba", *argv, "--scheduler", address],
+        cwd=REPO,
+        env=os.environ.copy(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
 
 
 def lines(path: Path) -> list[tuple[str, float, int]]:
@@ -100,6 +120,28 @@ async def test_a_one_second_schedule_runs_on_time_one_at_a_time_and_reports_its_
             assert {run.outcome for run in runs[1:]} == {"ok"}, [(r.outcome, r.error) for r in runs]
             assert all(0.25 < run.duration < 0.8 for run in runs[1:])
             assert [s.id for s in await client.schedules()] == [schedule.id]
+            (listed,) = json.loads(await truba(cluster.address, "schedules", "--json"))
+            assert (listed["id"], listed["name"], listed["every"], listed["state"]) == (
+                schedule.id,
+                "tick",
+                1.0,
+                "active",
+            )
+            assert listed["runs"] >= 30 and listed["last_run"]["outcome"] in ("ok", "running")
+            table = await truba(cluster.address, "schedules")
+            assert table.splitlines()[0].split() == [
+                "SCHEDULE",
+                "NAME",
+                "HANDLER",
+                "WHEN",
+                "STATE",
+                "RUNS",
+                "LAST",
+                "NEXT",
+            ]
+            assert "every 1s" in table
+            shown = json.loads(await truba(cluster.address, "schedules", "--runs", schedule.id, "--json"))
+            assert len(shown) >= 30 and {run["outcome"] for run in shown[1:]} == {"ok"}
 
             await schedule.pause()
             paused_at = time.time()
@@ -164,3 +206,8 @@ async def test_a_schedule_survives_its_scheduler_killed_and_restarted(
             assert (kept.id, kept.info.name) == (schedule.id, "survivor")
             assert kept.info.runs >= 4
             assert_one_at_a_time(record)
+            assert "paused" in await truba(address, "schedule", "pause", schedule.id)
+            await kept.refresh()
+            assert kept.info.state == 2  # SCHEDULE_STATE_PAUSED
+            assert "deleted" in await truba(address, "schedule", "delete", schedule.id)
+            assert await client.schedules() == []
