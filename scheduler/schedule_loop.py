@@ -108,6 +108,13 @@ class FiringLoop:
         tracked.schedule = schedule
         self._wake.set()
 
+    def owner_of(self, job_id: str) -> str | None:
+        """The id of the tracked schedule whose runs go to ``job_id``, if any."""
+        for schedule_id, tracked in self._tracked.items():
+            if tracked.schedule.job_id == job_id:
+                return schedule_id
+        return None
+
     def cached(self, schedule_id: str) -> Schedule | None:
         tracked = self._tracked.get(schedule_id)
         return tracked.schedule if tracked is not None else None

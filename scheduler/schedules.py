@@ -6,7 +6,8 @@ and importance, ``task_timeout`` = the deadline (the daemon kills a run past it)
 ``max_attempts`` 1 (a run whose daemon died is given up, not run again: the next tick fires),
 no frames, and one slot (``min_slots`` = ``max_slots`` = 1: a runner always listens, so a run
 starts within milliseconds of its due time; each schedule holds one slot of a daemon that
-allows its handler, paused or not). Deleting the schedule cancels its job.
+allows its handler, paused or not). Deleting the schedule cancels its job; ending that job any
+other way (``truba cancel``) is refused while the schedule exists.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import replace
 from typing import final
 
 from truba.proto.v1 import common_pb2
-from truba.scheduler.errors import FailedPrecondition, InvalidArgument, NotFound, SchedulerError
+from truba.scheduler.errors import FailedPrecondition, InvalidArgument, NotFound
 from truba.scheduler.lifecycle import JobLifecycle
 from truba.scheduler.model import JobIds
 from truba.scheduler.schedule_loop import FiringLoop
@@ -67,6 +68,7 @@ class ScheduleBook:
         self._consumer_timeout = consumer_timeout
         self._clock = clock
         self._ids = JobIds(clock)
+        jobs.owner = loop.owner_of
 
     def restore(self) -> int:
         """Tracks every stored schedule (at start); how many there are."""
@@ -193,6 +195,4 @@ class ScheduleBook:
             await self._jobs.cancel(schedule.job_id)
         except (FailedPrecondition, NotFound) as exc:  # the job ended some other way
             log.info("sched.schedule.job_gone", extra={"schedule_id": schedule.id, "error": str(exc)})
-        except SchedulerError:
-            raise
         log.info("sched.schedule.deleted", extra={"schedule_id": schedule.id, "job_id": schedule.job_id})

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from tests.unit.scheduler.fakes import ManualClock
-from truba.pipes.base import Delivery
-from truba.pipes.errors import PipeClosed
-from truba.queues import JobQueues
+from tests.unit.scheduler.fakes import FakePipe, FakePipes, ManualClock
 from truba.scheduler.schedule_loop import FiringLoop, outcome_of
 from truba.scheduler.schedule_model import LEASE_GRACE, RunOutcome, Schedule, ScheduleRun, ScheduleState
 from truba.scheduler.schedule_pipes import task_bytes
@@ -21,35 +18,6 @@ from truba.scheduler.store import SqliteJobStore
 from truba.wire import ErrorInfo, ResultMessage, TaskCodec
 
 T0 = 1_750_000_000.0
-
-
-@dataclass
-class FakePipe:
-    sent: list[tuple[str, bytes]] = field(default_factory=list)
-    fail: bool = False
-
-    async def fire(self, task_id: str, payload: bytes) -> None:
-        if self.fail:
-            raise PipeClosed("broker gone")
-        self.sent.append((task_id, payload))
-
-    async def outcome(self, timeout: float) -> Delivery[ResultMessage] | None:
-        await asyncio.sleep(0)
-        return None
-
-    async def close(self) -> None:
-        pass
-
-
-@dataclass
-class FakePipes:
-    pipes: dict[str, FakePipe] = field(default_factory=dict)
-
-    def open(self, queues: JobQueues) -> FakePipe:
-        return self.pipes.setdefault(queues.tasks, FakePipe())
-
-    async def close(self) -> None:
-        pass
 
 
 @pytest.fixture
