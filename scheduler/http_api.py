@@ -15,6 +15,9 @@ exposed port does is tell what runs):
   daemon and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "left_out",
   "spans": [{"daemon_id", "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``,
   outcomes as words;
+- ``GET /api/v1/schedules``: every periodic schedule with its last run, and
+  ``GET /api/v1/schedules/{id}/runs``: its last runs, newest first (``truba.v1.Schedule`` and
+  ``ScheduleRun`` as JSON);
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -41,6 +44,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
+from truba.scheduler.schedule_service import run_pb, schedule_pb
+from truba.scheduler.schedules import ScheduleBook
 from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 
@@ -73,8 +78,9 @@ def build_app(
     *,
     token: str | None = None,
     timeline: TaskTimeline | None = None,
+    schedules: ScheduleBook | None = None,
 ) -> web.Application:
-    """The HTTP application over ``view``, ``metrics``, ``history`` and ``timeline``."""
+    """The HTTP application over ``view``, ``metrics``, ``history``, ``timeline`` and ``schedules``."""
     spans = timeline or TaskTimeline()
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
@@ -118,6 +124,24 @@ def build_app(
             return web.json_response({"error": "since, limit: must be numbers"}, status=400)
         return web.json_response(spans.timeline_json(found.id, since, limit))
 
+    async def all_schedules(request: web.Request) -> web.Response:
+        if schedules is None:
+            return web.json_response({"schedules": []})
+        shown = []
+        for found in schedules.list():
+            last = schedules.runs(found.id, 1)
+            shown.append(_json(schedule_pb(found, last[0] if last else None)))
+        return web.json_response({"schedules": shown})
+
+    async def schedule_runs(request: web.Request) -> web.Response:
+        if schedules is None:
+            raise web.HTTPNotFound()
+        try:
+            runs = schedules.runs(request.match_info["schedule_id"])
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        return web.json_response({"runs": [_json(run_pb(run)) for run in runs]})
+
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
         suffix = "." + name.rpartition(".")[2]
@@ -138,6 +162,8 @@ def build_app(
     app.router.add_get("/api/v1/history", all_history)
     app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
     app.router.add_get("/api/v1/jobs/{job_id}/timeline", job_timeline)
+    app.router.add_get("/api/v1/schedules", all_schedules)
+    app.router.add_get("/api/v1/schedules/{schedule_id}/runs", schedule_runs)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app

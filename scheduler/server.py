@@ -274,7 +274,7 @@ class Scheduler:
             from truba.scheduler.http_api import build_app
 
             http = HttpServer(
-                build_app(view, self.metrics, history, token=config.token, timeline=timeline),
+                build_app(view, self.metrics, history, token=config.token, timeline=timeline, schedules=book),
                 config.http,
                 started="sched.http.started",
             )
