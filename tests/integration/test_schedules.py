@@ -184,6 +184,24 @@ async def test_a_schedule_runs_again_within_2_s_after_the_daemon_running_it_is_k
             assert "lost" in outcomes, outcomes
 
 
+async def test_a_run_past_its_deadline_is_killed_and_counted_and_the_next_one_fires_on_time(
+    rabbit_nodes: list[object], tmp_path: Path
+) -> None:
+    record = tmp_path / "runs.txt"
+    async with running(tmp_path, rabbit_nodes, daemons=1, slots=1) as cluster:
+        async with Client(cluster.address, journal=False) as client:
+            schedule = await client.create_schedule(
+                HANDLER, every=1.0, deadline=0.5, payload={"path": str(record), "sleep": 3.0}
+            )
+            await eventually(lambda: len(starts(record)) >= 4, 10, "four runs")
+            began = starts(record)
+            assert all(b - a > 0.8 for a, b in zip(began, began[1:], strict=False)), began
+            assert not [kind for kind, _, _ in lines(record) if kind == "E"], "a run outlived its deadline"
+            runs = [run for run in await schedule.runs() if run.outcome != "running"]
+            assert len(runs) >= 3 and {run.outcome for run in runs} == {"timeout"}, runs
+            assert all(run.error.startswith("TaskTimeout") for run in runs)
+
+
 async def test_a_schedule_survives_its_scheduler_killed_and_restarted(
     rabbit_nodes: list[object], tmp_path: Path
 ) -> None:
