@@ -32,6 +32,7 @@ from truba.pipes.errors import PipeError
 from truba.queues import JobQueues, job_queues
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.schedule_model import (
+    START_WITHIN,
     RunOutcome,
     Schedule,
     ScheduleRun,
@@ -62,7 +63,7 @@ def outcome_of(message: ResultMessage) -> tuple[RunOutcome, str]:
     text = f"{error.type}: {error.message}" if error is not None else "UnknownError"
     if error is not None and error.type == "TaskTimeout":
         return RunOutcome.TIMEOUT, text
-    if message.gave_up:  # every attempt (one) ended without an outcome: its daemon or slot died
+    if message.gave_up:  # its attempt ended without an outcome (its daemon died), or it expired unrun
         return RunOutcome.LOST, text
     return RunOutcome.ERROR, text
 
@@ -188,7 +189,7 @@ class FiringLoop:
     async def _send(self, tracked: _Tracked, task_id: str, due: float, fired: float) -> None:
         schedule = tracked.schedule
         try:
-            await tracked.pipe.fire(task_id, schedule.payload)
+            await tracked.pipe.fire(task_id, schedule.payload, fired + START_WITHIN)
         except (PipeError, TimeoutError) as exc:
             log.warning(
                 "sched.schedule.send_failed",

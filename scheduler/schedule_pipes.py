@@ -28,16 +28,21 @@ CONFIRM_TIMEOUT: Final = 5.0
 RESULT_PREFETCH: Final = 16
 
 
-def task_bytes(task_id: str, payload: bytes) -> bytes:
-    """The task message ``[1, task_id, payload]`` with ``payload`` already msgpack (empty: None)."""
-    return b"\x93" + codec.packb(FORMAT) + codec.packb(task_id) + (payload or codec.packb(None))
+def task_bytes(task_id: str, payload: bytes, expires: float = 0.0) -> bytes:
+    """The task message ``[1, task_id, payload, {"expires": t}]`` with ``payload`` already msgpack
+    (empty: None); without the extras when ``expires`` is 0 (see :class:`truba.wire.TaskMessage`)."""
+    head = codec.packb(FORMAT) + codec.packb(task_id) + (payload or codec.packb(None))
+    if not expires:
+        return b"\x93" + head
+    return b"\x94" + head + codec.packb({"expires": expires})
 
 
 class RunPipe(Protocol):
     """One schedule job's pipes."""
 
-    async def fire(self, task_id: str, payload: bytes) -> None:
-        """Sends one run's task and waits for its confirm.
+    async def fire(self, task_id: str, payload: bytes, expires: float) -> None:
+        """Sends one run's task (not to be run after ``expires``, Unix time) and waits for its
+        confirm.
 
         Raises:
             PipeError, TimeoutError: it was not confirmed within :data:`CONFIRM_TIMEOUT`.
@@ -74,8 +79,9 @@ class BrokerRunPipe:
         self._tasks = tasks
         self._results = results
 
-    async def fire(self, task_id: str, payload: bytes) -> None:
-        confirmation = await asyncio.wait_for(self._tasks.send(task_bytes(task_id, payload)), CONFIRM_TIMEOUT)
+    async def fire(self, task_id: str, payload: bytes, expires: float) -> None:
+        message = task_bytes(task_id, payload, expires)
+        confirmation = await asyncio.wait_for(self._tasks.send(message), CONFIRM_TIMEOUT)
         await asyncio.wait_for(confirmation, CONFIRM_TIMEOUT)
 
     async def outcome(self, timeout: float) -> Delivery[ResultMessage] | None:

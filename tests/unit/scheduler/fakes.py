@@ -123,12 +123,14 @@ class FakePipe:
     recorded (or refused with ``fail``); no result ever comes."""
 
     sent: list[tuple[str, bytes]] = field(default_factory=list)
+    expires: list[float] = field(default_factory=list)
     fail: bool = False
 
-    async def fire(self, task_id: str, payload: bytes) -> None:
+    async def fire(self, task_id: str, payload: bytes, expires: float) -> None:
         if self.fail:
             raise PipeClosed("broker gone")
         self.sent.append((task_id, payload))
+        self.expires.append(expires)
 
     async def outcome(self, timeout: float) -> Delivery[ResultMessage] | None:
         await asyncio.sleep(0)

@@ -11,7 +11,14 @@ import pytest
 
 from tests.unit.scheduler.fakes import FakePipe, FakePipes, ManualClock
 from truba.scheduler.schedule_loop import FiringLoop, outcome_of
-from truba.scheduler.schedule_model import LEASE_GRACE, RunOutcome, Schedule, ScheduleRun, ScheduleState
+from truba.scheduler.schedule_model import (
+    LEASE_GRACE,
+    START_WITHIN,
+    RunOutcome,
+    Schedule,
+    ScheduleRun,
+    ScheduleState,
+)
 from truba.scheduler.schedule_pipes import task_bytes
 from truba.scheduler.schedule_store import ScheduleStore
 from truba.scheduler.store import SqliteJobStore
@@ -61,13 +68,14 @@ async def test_a_schedule_fires_once_per_period_while_each_run_ends_in_time(sche
     loop, pipe = await start(schedules, clock, every_second())
     fired: list[str] = []
     for step in range(50):  # 5 s in 100 ms ticks
+        clock.now = T0 + step / 10
         fired += await loop.tick()
         await settle()
         if fired and step % 10 == 2:  # each run ends 200 ms after it started
             loop.record(ScheduleRun("s1", fired[-1], 0, 0, clock(), RunOutcome.OK, "", 0.2))
-        clock.advance(0.1)
     assert fired == ["run-1", "run-2", "run-3", "run-4", "run-5"]
     assert [task_id for task_id, _ in pipe.sent] == fired and pipe.sent[0][1] == b"\x2a"
+    assert pipe.expires == [T0 + k + START_WITHIN for k in range(5)]  # each may start within 0.5 s
     assert [r.outcome for r in schedules.runs("s1")] == [RunOutcome.OK] * 5
     await loop.close()
 
@@ -168,3 +176,5 @@ def test_a_run_s_task_is_a_truba_task_message_with_the_payload_as_given() -> Non
     task = TaskCodec().decode(task_bytes("run-7", b"\x92\x01\xa1x"))
     assert (task.task_id, task.payload, task.attempts) == ("run-7", [1, "x"], 0)
     assert TaskCodec().decode(task_bytes("run-8", b"")).payload is None
+    expiring = TaskCodec().decode(task_bytes("run-9", b"\x07", 1_750_000_000.5))
+    assert (expiring.payload, expiring.expires) == (7, 1_750_000_000.5)
