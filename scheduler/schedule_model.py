@@ -27,10 +27,11 @@ MIN_EVERY: Final = 0.1
 LEASE_GRACE: Final = 1.0
 """Seconds a run holds its schedule past its deadline: time for the daemon to kill it and for its
 outcome to come back. A run with no outcome by then is counted lost and the schedule fires again."""
-START_WITHIN: Final = LEASE_GRACE / 2
+START_WITHIN: Final = 0.75 * LEASE_GRACE
 """Seconds after it was sent that a run may still start (its task expires then: a daemon that
 gets it later gives it up unrun). So a run starts early enough to be killed at its deadline
-before its lease expires, and runs sent while no daemon served the schedule never run late."""
+before its lease expires (with a quarter of the grace left for its outcome to come back), and
+runs sent while no daemon served the schedule never run late."""
 KEEP_RUNS: Final = 100
 """Runs kept per schedule, newest first; older ones are deleted as new ones end."""
 MAX_PAYLOAD: Final = 1024 * 1024
