@@ -1,10 +1,11 @@
 """The scheduler process: its configuration and the gRPC server that wires the parts together.
 
 :class:`Scheduler` opens the store in the state directory (locked, so one scheduler owns it),
-serves ``truba.v1.JobService``, ``truba.v1.DaemonService`` and the standard
-``grpc.health.v1.Health`` service, resumes the deletion of stale queues, restores the queues of
-runnable jobs, and watches daemon heartbeats. It can be stopped and started again on the same
-state directory at any moment: jobs survive, daemons reconnect and report what they run.
+serves ``truba.v1.JobService``, ``truba.v1.DaemonService``, ``truba.v1.ScheduleService`` and the
+standard ``grpc.health.v1.Health`` service, resumes the deletion of stale queues, restores the
+queues of runnable jobs, watches daemon heartbeats, and fires periodic schedules. It can be
+stopped and started again on the same state directory at any moment: jobs and schedules survive,
+daemons reconnect and report what they run.
 """
 
 from __future__ import annotations
