@@ -22,7 +22,7 @@ import pytest
 
 from tests.integration.processes import ALLOW, running
 from tests.waiting import eventually
-from truba.client import Client, InvalidArgument
+from truba.client import Client, InvalidArgument, connect
 
 pytestmark = pytest.mark.integration
 
@@ -54,6 +54,14 @@ def lines(path: Path) -> list[tuple[str, float, int]]:
         kind, at, pid = line.split()
         out.append((kind, float(at), int(pid)))
     return out
+
+
+def blocking_look(address: str, schedule_id: str) -> tuple[list[str], int, set[str]]:
+    """Schedule ids, runs fired and outcomes seen by the blocking client."""
+    with connect(address, journal=False) as client:
+        ids = [s.id for s in client.schedules()]
+        schedule = client.schedule(schedule_id)
+        return ids, int(schedule.info.runs), {run.outcome for run in schedule.runs(10)}
 
 
 def ancestors(pid: int) -> list[int]:
@@ -253,6 +261,9 @@ async def test_a_schedule_survives_its_scheduler_killed_and_restarted(
             (kept,) = await client.schedules()
             assert (kept.id, kept.info.name) == (schedule.id, "survivor")
             assert kept.info.runs >= 4
+            # the blocking client sees the same (from another thread, as a script would)
+            seen = await asyncio.to_thread(blocking_look, address, schedule.id)
+            assert seen[0] == [schedule.id] and seen[1] >= 4 and "ok" in seen[2]
             assert_one_at_a_time(record)
             assert "paused" in await truba(address, "schedule", "pause", schedule.id)
             await kept.refresh()
