@@ -26,7 +26,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
-from typing import Final, final
+from typing import Final, Protocol, final
 
 from truba.pipes.errors import PipeError
 from truba.queues import JobQueues, job_queues
@@ -68,6 +68,27 @@ def outcome_of(message: ResultMessage) -> tuple[RunOutcome, str]:
     return RunOutcome.ERROR, text
 
 
+class RunObserver(Protocol):
+    """Told of every run sent and ended (the scheduler's metrics)."""
+
+    def schedule_fired(self, schedule_id: str, late: float) -> None: ...
+
+    def schedule_ended(self, schedule_id: str, outcome: str) -> None: ...
+
+    def schedule_gone(self, schedule_id: str) -> None: ...
+
+
+class _Unobserved:
+    def schedule_fired(self, schedule_id: str, late: float) -> None:
+        pass
+
+    def schedule_ended(self, schedule_id: str, outcome: str) -> None:
+        pass
+
+    def schedule_gone(self, schedule_id: str) -> None:
+        pass
+
+
 @dataclass
 class _Tracked:
     schedule: Schedule
@@ -87,8 +108,10 @@ class FiringLoop:
         clock: Callable[[], float] = time.time,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         queues: Callable[[str], JobQueues] = job_queues,
+        observer: RunObserver | None = None,
     ) -> None:
         self._store = store
+        self._observer: RunObserver = observer or _Unobserved()
         self._pipes = pipes
         self._clock = clock
         self._sleep = sleep
@@ -124,6 +147,7 @@ class FiringLoop:
         """Stops firing and reading a schedule (deleted)."""
         tracked = self._tracked.pop(schedule_id, None)
         if tracked is not None:
+            self._observer.schedule_gone(schedule_id)
             await _stop(tracked)
 
     async def run(self) -> None:
@@ -176,6 +200,7 @@ class FiringLoop:
             tracked.schedule = replace(
                 schedule, lease_until=until, next_due=following, run_task=task_id, runs=schedule.runs + 1
             )
+            self._observer.schedule_fired(schedule.id, now - due)
             log.debug(
                 "sched.schedule.fired",
                 extra={"schedule_id": schedule.id, "task_id": task_id, "late": round(now - due, 4)},
@@ -226,6 +251,7 @@ class FiringLoop:
             tracked.schedule = replace(tracked.schedule, lease_until=0.0, run_task="")
             self._wake.set()
         if changed:
+            self._observer.schedule_ended(run.schedule_id, run.outcome.value)
             log.info(
                 "sched.schedule.run_ended",
                 extra={

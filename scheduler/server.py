@@ -253,7 +253,7 @@ class Scheduler:
         pipes = BrokerSchedulePipes(
             config.brokers, pipe_brokers("truba-scheduler", heartbeat=10.0, timeout=config.broker_timeout)
         )
-        firing = FiringLoop(store.schedules, pipes)
+        firing = FiringLoop(store.schedules, pipes, observer=self.metrics)
         stack.push_async_callback(firing.close)
         book = ScheduleBook(store.schedules, lifecycle, firing, consumer_timeout=config.consumer_timeout)
         schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(book), server)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.scheduler.fakes import FakePipe, FakePipes, ManualClock
+from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.schedule_loop import FiringLoop, outcome_of
 from truba.scheduler.schedule_model import (
     LEASE_GRACE,
@@ -178,3 +179,30 @@ def test_a_run_s_task_is_a_truba_task_message_with_the_payload_as_given() -> Non
     assert TaskCodec().decode(task_bytes("run-8", b"")).payload is None
     expiring = TaskCodec().decode(task_bytes("run-9", b"\x07", 1_750_000_000.5))
     assert (expiring.payload, expiring.expires) == (7, 1_750_000_000.5)
+
+
+async def test_runs_are_counted_by_outcome_and_their_lateness_observed(schedules: ScheduleStore) -> None:
+    clock = ManualClock(T0 + 0.02)  # 20 ms after the first due time
+    metrics = SchedulerMetrics()
+    schedules.add(every_second())
+    loop = FiringLoop(schedules, FakePipes(), clock=clock, observer=metrics)
+    loop.track(every_second(), read=False)
+    assert await loop.tick() == ["run-1"]
+    loop.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.OK))
+    loop.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.ERROR))  # a duplicate: not counted
+    clock.advance(1.0)
+    assert await loop.tick() == ["run-2"]
+    loop.record(ScheduleRun("s1", "run-2", 0, 0, clock(), RunOutcome.TIMEOUT, "TaskTimeout: slow"))
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels)
+
+    assert sample("truba_schedule_runs_total", schedule_id="s1", outcome="ok") == 1.0
+    assert sample("truba_schedule_runs_total", schedule_id="s1", outcome="timeout") == 1.0
+    assert sample("truba_schedule_runs_total", schedule_id="s1", outcome="error") is None
+    assert sample("truba_schedule_fire_lateness_seconds_count") == 2.0
+    assert sample("truba_schedule_fire_lateness_seconds_bucket", le="0.025") == 2.0
+    assert sample("truba_schedule_fire_lateness_seconds_bucket", le="0.01") == 0.0
+    await loop.untrack("s1")  # deleted: its series go
+    assert sample("truba_schedule_runs_total", schedule_id="s1", outcome="ok") is None
+    await loop.close()
