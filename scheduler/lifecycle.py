@@ -161,6 +161,10 @@ class JobLifecycle:
             raise NotFound(f"job {job_id!r} not found")
         return job
 
+    def find(self, job_id: str) -> Job | None:
+        """The job, or None (no checks: for ids the scheduler made)."""
+        return self._store.get(job_id)
+
     def list(self, *, include_done: bool = False) -> Sequence[Job]:
         """Runnable jobs (or all), oldest first."""
         return self._store.list(include_done=include_done)

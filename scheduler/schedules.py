@@ -71,11 +71,19 @@ class ScheduleBook:
         jobs.owner = loop.owner_of
 
     def restore(self) -> int:
-        """Tracks every stored schedule (at start); how many there are."""
-        schedules = self._store.list()
-        for schedule in schedules:
+        """Tracks every stored schedule whose job runs (at start); how many it tracks. A schedule
+        whose job ended (a crash during its deletion) is left for a delete to finish."""
+        tracked = 0
+        for schedule in self._store.list():
+            job = self._jobs.find(schedule.job_id)
+            if job is None or not job.runnable:
+                log.error(
+                    "sched.schedule.job_ended", extra={"schedule_id": schedule.id, "job_id": schedule.job_id}
+                )
+                continue
             self._loop.track(schedule)
-        return len(schedules)
+            tracked += 1
+        return tracked
 
     async def create(
         self,
@@ -187,12 +195,19 @@ class ScheduleBook:
         return fresh
 
     async def delete(self, schedule_id: str) -> None:
-        """Deletes the schedule and its runs, and cancels its job (a run under way with it)."""
+        """Deletes the schedule and its runs, and cancels its job (a run under way with it).
+
+        The job is cancelled first: a crash in between leaves a schedule whose job ended (kept,
+        not fired, deleted again by the next call), never a job holding a slot for nothing.
+        """
         schedule = self.get(schedule_id)
         await self._loop.untrack(schedule.id)
-        self._store.remove(schedule.id)
         try:
             await self._jobs.cancel(schedule.job_id)
         except (FailedPrecondition, NotFound) as exc:  # the job ended some other way
             log.info("sched.schedule.job_gone", extra={"schedule_id": schedule.id, "error": str(exc)})
+        except BaseException:
+            self._loop.track(schedule)  # (the store failed) it goes on as it was
+            raise
+        self._store.remove(schedule.id)
         log.info("sched.schedule.deleted", extra={"schedule_id": schedule.id, "job_id": schedule.job_id})

@@ -111,6 +111,20 @@ async def test_stored_schedules_are_tracked_again_at_start(world: World) -> None
     await again.close()
 
 
+async def test_a_schedule_whose_job_ended_is_not_fired_at_start_and_can_be_deleted(world: World) -> None:
+    # a crash during a delete: the job was cancelled, the schedule not yet removed
+    schedule = await world.book.create(HANDLER, every=1.0)
+    await world.loop.untrack(schedule.id)
+    await world.jobs.cancel(schedule.job_id)
+    again = FiringLoop(world.store.schedules, FakePipes(), clock=world.clock)
+    book = ScheduleBook(world.store.schedules, world.jobs, again, consumer_timeout=1800.0, clock=world.clock)
+    assert book.restore() == 0 and again.cached(schedule.id) is None
+    assert [s.id for s in book.list()] == [schedule.id]
+    await book.delete(schedule.id)
+    assert book.list() == []
+    await again.close()
+
+
 async def test_an_unknown_or_malformed_schedule_id_is_refused(world: World) -> None:
     with pytest.raises(NotFound):
         world.book.get("abc123")
