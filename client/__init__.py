@@ -1,6 +1,6 @@
 """truba.client: the SDK: create jobs, submit tasks, take one outcome per task."""
 
-from truba.client.blocking import BlockingClient, BlockingJob, BlockingJobHandle, connect
+from truba.client.blocking import BlockingClient, BlockingJob, BlockingJobHandle, BlockingSchedule, connect
 from truba.client.call import CallTimeout
 from truba.client.callback import CallbackFailed
 from truba.client.client import Client
@@ -19,12 +19,14 @@ from truba.client.job_handle import JobHandle
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, TaskCancelled, TaskFailed, TaskGaveUp
 from truba.client.running import RunningTask, RunningTasks
+from truba.client.schedule import Schedule, ScheduleRun
 from truba.client.submission import SubmitTimeout
 
 __all__ = [
     "BlockingClient",
     "BlockingJob",
     "BlockingJobHandle",
+    "BlockingSchedule",
     "CallTimeout",
     "CallbackFailed",
     "Client",
@@ -44,6 +46,8 @@ __all__ = [
     "Outcome",
     "RunningTask",
     "RunningTasks",
+    "Schedule",
+    "ScheduleRun",
     "SchedulerError",
     "SubmitTimeout",
     "TaskCancelled",

@@ -30,7 +30,8 @@ from truba.client.map import MAP_WINDOW
 from truba.client.options import ClientOptions, JobOptions
 from truba.client.outcome import Outcome, R
 from truba.client.running import RunningTasks
-from truba.proto.v1 import jobs_pb2
+from truba.client.schedule import Schedule, ScheduleRun
+from truba.proto.v1 import jobs_pb2, schedules_pb2
 
 T = TypeVar("T")
 
@@ -253,6 +254,39 @@ class BlockingJobHandle:
         return self._runner.run(self._handle.cancel())
 
 
+class BlockingSchedule:
+    """A :class:`~truba.client.schedule.Schedule` driven from synchronous code."""
+
+    def __init__(self, schedule: Schedule, runner: _LoopThread) -> None:
+        self._schedule = schedule
+        self._runner = runner
+
+    @property
+    def id(self) -> str:
+        return self._schedule.id
+
+    @property
+    def info(self) -> schedules_pb2.Schedule:
+        """The scheduler's view as of the last call."""
+        return self._schedule.info
+
+    def refresh(self) -> schedules_pb2.Schedule:
+        return self._runner.run(self._schedule.refresh())
+
+    def runs(self, limit: int = 0) -> list[ScheduleRun]:
+        """The last runs, newest first (see Schedule.runs)."""
+        return self._runner.run(self._schedule.runs(limit))
+
+    def pause(self) -> None:
+        self._runner.run(self._schedule.pause())
+
+    def resume(self) -> None:
+        self._runner.run(self._schedule.resume())
+
+    def delete(self) -> None:
+        self._runner.run(self._schedule.delete())
+
+
 class BlockingClient:
     """A :class:`~truba.client.Client` driven from synchronous code; see :func:`connect`."""
 
@@ -315,6 +349,37 @@ class BlockingClient:
     def cluster_info(self) -> jobs_pb2.ClusterInfo:
         """Brokers, connected daemons and their slots."""
         return self._runner.run(self._client.cluster_info())
+
+    def create_schedule(
+        self,
+        handler: str | Callable[[Any], Any],
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+        payload: object = None,
+        deadline: float | None = None,
+        importance: float = 1.0,
+        name: str = "",
+    ) -> BlockingSchedule:
+        """A periodic schedule; the arguments are :meth:`truba.Client.create_schedule`'s."""
+        schedule = self._client.create_schedule(
+            handler,
+            every=every,
+            cron=cron,
+            payload=payload,
+            deadline=deadline,
+            importance=importance,
+            name=name,
+        )
+        return BlockingSchedule(self._runner.run(schedule), self._runner)
+
+    def schedules(self) -> list[BlockingSchedule]:
+        """Every schedule, oldest first."""
+        return [BlockingSchedule(s, self._runner) for s in self._runner.run(self._client.schedules())]
+
+    def schedule(self, schedule_id: str) -> BlockingSchedule:
+        """A schedule by id (NotFound for an unknown one)."""
+        return BlockingSchedule(self._runner.run(self._client.schedule(schedule_id)), self._runner)
 
     def close(self) -> None:
         """Detaches unfinished jobs (see Client.close), closes connections, stops the loop."""

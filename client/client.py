@@ -40,6 +40,7 @@ from truba.client.notices import quiet_by_default
 from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, check_names, settings_pb
 from truba.client.outcome import R
 from truba.client.reach import ONCE_TIMEOUT, UNAVAILABLE_AFTER, Reach
+from truba.client.schedule import ScheduleCalls
 from truba.client.wiring import default_brokers
 from truba.pipes.base import Codec, Sender
 from truba.pipes.broker import Broker, BrokerFactory
@@ -57,8 +58,9 @@ CREATE_JOB_ARGUMENTS: Final = JOB_OPTIONS | {"handler", "importance", "name"}
 """What ``create_job`` takes by keyword: a misspelt one is refused naming the nearest."""
 
 
-class Client:
-    """Creates and drives jobs. Use as ``async with Client(address) as client``."""
+class Client(ScheduleCalls):
+    """Creates and drives jobs (and schedules: :class:`~truba.client.schedule.ScheduleCalls`).
+    Use as ``async with Client(address) as client``."""
 
     def __init__(
         self,

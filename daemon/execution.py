@@ -47,7 +47,7 @@ from truba.daemon.task_events import TaskEvents
 from truba.daemon.terms import JobTerms
 from truba.logs import bind
 from truba.pipes.base import Delivery
-from truba.wire import ResultMessage, TaskMessage
+from truba.wire import ErrorInfo, ResultMessage, TaskMessage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -218,6 +218,16 @@ class Execution:
                 await self.returns.give_up(delivery, task, admission.spent, admission.error)
                 now = time.time()
                 self.spans.attempt(task.task_id, worker.slot.index, now, now, GAVE_UP, admission.spent)
+                return None
+            if task.expires and time.time() > task.expires:  # a schedule's run come too late: not run
+                error = ErrorInfo(
+                    "RunExpired", f"delivered {time.time() - task.expires:.3f} s after it expired"
+                )
+                result = ResultMessage(
+                    task.task_id, False, None, error, self.daemon_id, 0.0, admission.spent, gave_up=True
+                )
+                await self.ends.complete(delivery, result)
+                log.info("daemon.task.expired", extra={"error": error.message})
                 return None
             refusal = self.terms.refusal
             if refusal is not None:  # an outcome at once: never a task that waits for nothing

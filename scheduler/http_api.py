@@ -18,6 +18,9 @@ exposed port does is tell what runs):
 - ``GET /api/v1/jobs/{id}/running`` (``?limit=N``): the job's task attempts in progress
   (:mod:`truba.scheduler.running`), oldest start first: ``{"job_id", "left_out", "at",
   "running": [{"daemon_id", "hostname", "slot", "task_id", "attempt", "started_at"}]}``;
+- ``GET /api/v1/schedules``: every periodic schedule with its last run, and
+  ``GET /api/v1/schedules/{id}/runs``: its last runs, newest first (``truba.v1.Schedule`` and
+  ``ScheduleRun`` as JSON);
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -44,6 +47,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
+from truba.scheduler.schedule_service import run_pb, schedule_pb
+from truba.scheduler.schedules import ScheduleBook
 from truba.scheduler.timeline import TaskTimeline
 from truba.scheduler.view import ClusterView
 
@@ -76,8 +81,9 @@ def build_app(
     *,
     token: str | None = None,
     timeline: TaskTimeline | None = None,
+    schedules: ScheduleBook | None = None,
 ) -> web.Application:
-    """The HTTP application over ``view``, ``metrics``, ``history`` and ``timeline``."""
+    """The HTTP application over ``view``, ``metrics``, ``history``, ``timeline`` and ``schedules``."""
     spans = timeline or TaskTimeline()
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
@@ -130,6 +136,23 @@ def build_app(
             return web.json_response(view.running_json(request.match_info["job_id"], limit))
         except SchedulerError as exc:
             return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+    async def all_schedules(request: web.Request) -> web.Response:
+        if schedules is None:
+            return web.json_response({"schedules": []})
+        shown = []
+        for found in schedules.list():
+            last = schedules.runs(found.id, 1)
+            shown.append(_json(schedule_pb(found, last[0] if last else None)))
+        return web.json_response({"schedules": shown})
+
+    async def schedule_runs(request: web.Request) -> web.Response:
+        if schedules is None:
+            raise web.HTTPNotFound()
+        try:
+            runs = schedules.runs(request.match_info["schedule_id"])
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        return web.json_response({"runs": [_json(run_pb(run)) for run in runs]})
 
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
@@ -152,6 +175,8 @@ def build_app(
     app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
     app.router.add_get("/api/v1/jobs/{job_id}/timeline", job_timeline)
     app.router.add_get("/api/v1/jobs/{job_id}/running", job_running)
+    app.router.add_get("/api/v1/schedules", all_schedules)
+    app.router.add_get("/api/v1/schedules/{schedule_id}/runs", schedule_runs)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app

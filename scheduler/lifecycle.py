@@ -94,6 +94,9 @@ class JobLifecycle:
         self._ids = ids or JobIds(clock)
         self._clock = clock
         self._delete_wait = delete_wait
+        self.owner: Callable[[str], str | None] = lambda job_id: None
+        """The schedule a job runs for, if any (set by the scheduler): such a job ends only with
+        its schedule."""
 
     async def create(
         self,
@@ -157,6 +160,10 @@ class JobLifecycle:
         if job is None:
             raise NotFound(f"job {job_id!r} not found")
         return job
+
+    def find(self, job_id: str) -> Job | None:
+        """The job, or None (no checks: for ids the scheduler made)."""
+        return self._store.get(job_id)
 
     def list(self, *, include_done: bool = False) -> Sequence[Job]:
         """Runnable jobs (or all), oldest first."""
@@ -259,6 +266,12 @@ class JobLifecycle:
         if not job.runnable:
             verb = "finished" if state is JobState.FINISHED else "cancelled"
             raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: it cannot be {verb}")
+        schedule = self.owner(job.id)
+        if schedule is not None:
+            raise FailedPrecondition(
+                f"job {job.id!r} carries the runs of schedule {schedule!r}: delete the schedule instead"
+                f" (truba schedule delete {schedule})"
+            )
         now = self._clock()
         job = replace(job, state=state, finished_at=now)
         keep_until = now + self._keep_dead if self._keep_dead > 0 else None

@@ -7,6 +7,9 @@ in one process, as in tests, do not mix):
   (``truba_scheduler_plan_duration_seconds``), assignments pushed, gRPC calls by method and code,
   and slots taken from jobs (``truba_job_slot_revocations_total``, by reason: *preempted* while
   the job still had work for them, *released* when it had none).
+- **Schedules**: runs of periodic schedules that ended, by schedule and outcome
+  (``truba_schedule_runs_total``), and how late the scheduler sent each run after its due time
+  (``truba_schedule_fire_lateness_seconds``).
 - **State** read at each scrape from :class:`~truba.scheduler.view.ClusterView`, the same read
   model the gRPC API shows: each runnable job's importance, fair share, assigned slots, backlog,
   running tasks, outcomes, mean task time, and each connected daemon's slots and busy slots.
@@ -33,6 +36,8 @@ from prometheus_client.registry import Collector
 from truba.proto.v1 import daemons_pb2, jobs_pb2
 from truba.scheduler.view import ClusterView
 
+LATENESS_BUCKETS: Final = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+"""Seconds a schedule's run is sent after its due time: a few milliseconds when all is well."""
 PLAN_BUCKETS: Final = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 """Seconds: a plan of a small cluster takes well under a millisecond, 10,000 slots tens of them."""
 
@@ -60,8 +65,21 @@ class SchedulerMetrics:
             ["method", "code"],
             registry=self.registry,
         )
+        self.schedule_runs = Counter(
+            "truba_schedule_runs",
+            "Runs of periodic schedules that ended, by schedule and outcome (ok, error, timeout, lost).",
+            ["schedule_id", "outcome"],
+            registry=self.registry,
+        )
+        self.schedule_lateness = Histogram(
+            "truba_schedule_fire_lateness_seconds",
+            "How late the scheduler sent each run of a periodic schedule after its due time, seconds.",
+            buckets=LATENESS_BUCKETS,
+            registry=self.registry,
+        )
         self._revoked: Tally[tuple[str, str]] = Tally()
         self._view: ClusterView | None = None
+        self._outcomes: dict[str, set[str]] = {}
 
     def watch(self, view: ClusterView) -> None:
         """Reads jobs and daemons from ``view`` at every scrape."""
@@ -86,6 +104,22 @@ class SchedulerMetrics:
     def pushed(self) -> None:
         """An assignment went to a daemon."""
         self.assignments.inc()
+
+    # -- the firing loop's observer (truba.scheduler.schedule_loop.RunObserver) --------------------
+
+    def schedule_fired(self, schedule_id: str, late: float) -> None:
+        """A run was sent ``late`` seconds after its due time."""
+        self.schedule_lateness.observe(max(0.0, late))
+
+    def schedule_ended(self, schedule_id: str, outcome: str) -> None:
+        """A run ended with ``outcome``."""
+        self.schedule_runs.labels(schedule_id, outcome).inc()
+        self._outcomes.setdefault(schedule_id, set()).add(outcome)
+
+    def schedule_gone(self, schedule_id: str) -> None:
+        """The schedule was deleted: its series go with it."""
+        for outcome in self._outcomes.pop(schedule_id, ()):
+            self.schedule_runs.remove(schedule_id, outcome)
 
 
 @final

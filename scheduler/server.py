@@ -1,10 +1,11 @@
 """The scheduler process: its configuration and the gRPC server that wires the parts together.
 
 :class:`Scheduler` opens the store in the state directory (locked, so one scheduler owns it),
-serves ``truba.v1.JobService``, ``truba.v1.DaemonService`` and the standard
-``grpc.health.v1.Health`` service, resumes the deletion of stale queues, restores the queues of
-runnable jobs, and watches daemon heartbeats. It can be stopped and started again on the same
-state directory at any moment: jobs survive, daemons reconnect and report what they run.
+serves ``truba.v1.JobService``, ``truba.v1.DaemonService``, ``truba.v1.ScheduleService`` and the
+standard ``grpc.health.v1.Health`` service, resumes the deletion of stale queues, restores the
+queues of runnable jobs, watches daemon heartbeats, and fires periodic schedules. It can be
+stopped and started again on the same state directory at any moment: jobs and schedules survive,
+daemons reconnect and report what they run.
 """
 
 from __future__ import annotations
@@ -26,7 +27,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio  # type: ignore[attr-defined]
 
 from truba.pipes.broker import redact
-from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc, jobs_pb2, jobs_pb2_grpc
+from truba.proto.v1 import (
+    daemons_pb2,
+    daemons_pb2_grpc,
+    jobs_pb2,
+    jobs_pb2_grpc,
+    schedules_pb2,
+    schedules_pb2_grpc,
+)
 from truba.scheduler import timeline as task_timeline
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
@@ -43,10 +51,14 @@ from truba.scheduler.jobs import JobServicer
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
+from truba.scheduler.schedule_loop import FiringLoop
+from truba.scheduler.schedule_pipes import BrokerSchedulePipes
+from truba.scheduler.schedule_service import ScheduleServicer
+from truba.scheduler.schedules import ScheduleBook
 from truba.scheduler.store import JobStore
 from truba.scheduler.store_open import POSTGRESQL_SCHEMES, last_known, open_store
 from truba.scheduler.view import ClusterView
-from truba.scheduler.wiring import open_admin
+from truba.scheduler.wiring import open_admin, pipe_brokers
 
 if TYPE_CHECKING:  # aiohttp costs every `truba` command half a second at import: load it when serving
     from truba.http_server import HttpServer
@@ -62,6 +74,7 @@ LOCK_FILE: Final = "scheduler.lock"
 SERVICES: Final = (
     jobs_pb2.DESCRIPTOR.services_by_name["JobService"].full_name,
     daemons_pb2.DESCRIPTOR.services_by_name["DaemonService"].full_name,
+    schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
 
 
@@ -237,6 +250,13 @@ class Scheduler:
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(
             DaemonServicer(assigner, brokers.infos, timeline=timeline), server
         )
+        pipes = BrokerSchedulePipes(
+            config.brokers, pipe_brokers("truba-scheduler", heartbeat=10.0, timeout=config.broker_timeout)
+        )
+        firing = FiringLoop(store.schedules, pipes, observer=self.metrics)
+        stack.push_async_callback(firing.close)
+        book = ScheduleBook(store.schedules, lifecycle, firing, consumer_timeout=config.consumer_timeout)
+        schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(book), server)
         health_pb2_grpc.add_HealthServicer_to_server(self._health, server)
         if config.tls_cert is not None and config.tls_key is not None:
             tls = grpc.ssl_server_credentials([(config.tls_key.read_bytes(), config.tls_cert.read_bytes())])
@@ -255,7 +275,7 @@ class Scheduler:
             from truba.scheduler.http_api import build_app
 
             http = HttpServer(
-                build_app(view, self.metrics, history, token=config.token, timeline=timeline),
+                build_app(view, self.metrics, history, token=config.token, timeline=timeline, schedules=book),
                 config.http,
                 started="sched.http.started",
             )
@@ -269,6 +289,8 @@ class Scheduler:
         janitor.resume()
         janitor.restore(job.queues for job in runnable)
         _background(assigner.watch(), stack, name="heartbeat-watchdog")
+        schedules = book.restore()
+        _background(firing.run(), stack, name="schedules")
         _background(janitor.watch_dead(), stack, name="dead-letters-expiry")
         _background(_flush_counters(counters, store), stack, name="counters-flush")
         stack.callback(_store_counters, counters, store)
@@ -282,6 +304,7 @@ class Scheduler:
                 "state_dir": str(config.state_dir),
                 "store": where,
                 "jobs": len(runnable),
+                "schedules": schedules,
                 "stale_queues": len(janitor.pending()),
             },
         )

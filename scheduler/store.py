@@ -27,11 +27,12 @@ import enum
 import json
 import sqlite3
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Final, Protocol, final
+from typing import Any, Final, Protocol, TypeVar, final
 
 from truba.scheduler.model import Job, JobSettings, JobState, Preemption, QueueType
+from truba.scheduler.schedule_store import ScheduleStore, Tx
 from truba.scheduler.store_schema import SCHEMA_VERSION as SCHEMA_VERSION
 from truba.scheduler.store_schema import VERSION_TABLE, pending
 
@@ -39,6 +40,7 @@ JOB_COLUMNS: Final = (
     "id, name, handler, importance, state, submitted, created_at, closed_at, finished_at, problem, settings"
 )
 RUNNABLE_STATES: Final = (JobState.OPEN.value, JobState.CLOSED.value)
+T = TypeVar("T")
 
 
 class JobStore(Protocol):
@@ -48,6 +50,10 @@ class JobStore(Protocol):
     the store fails or passes its timeout (PostgreSQL); the call had no effect unless the
     connection broke during its commit.
     """
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        """The periodic schedules and their runs, in the same database."""
 
     def reserve(self, job_id: str) -> None:
         """Records that queues of ``job_id`` may be declared from now on (a stale-ledger entry)."""
@@ -118,6 +124,11 @@ class SqliteJobStore:
             self._db.close()
             raise
         self._closed = False
+        self._schedules = ScheduleStore(_SqliteRunner(self._db))
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        return self._schedules
 
     def reserve(self, job_id: str) -> None:
         with self._db:
@@ -206,6 +217,24 @@ class SqliteJobStore:
         if not self._closed:
             self._closed = True
             self._db.close()
+
+
+@final
+class _SqliteRunner:
+    """The schedule store's :class:`~truba.scheduler.schedule_store.SqlRunner` on this file."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def rows(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        return self._db.execute(sql, params).fetchall()
+
+    def transaction(self, work: Callable[[Tx], T]) -> T:
+        with self._db:
+            return work(self)
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+        return self._db.execute(sql, params).rowcount
 
 
 def _migrate(db: sqlite3.Connection, where: str) -> None:

@@ -35,6 +35,7 @@ import psycopg.errors
 
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.model import Job
+from truba.scheduler.schedule_store import ScheduleStore, Tx
 from truba.scheduler.store import JOB_COLUMNS, RUNNABLE_STATES, job_row, row_job
 from truba.scheduler.store_schema import VERSION_TABLE, Migration, pending
 
@@ -112,11 +113,16 @@ class PostgresJobStore:
         self._params = connect_params(url, timeout)
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._closed = False
+        self._schedules = ScheduleStore(_PostgresRunner(self._call))
         try:
             self._write(self._migrate)
         except BaseException:
             self.close()
             raise
+
+    @property
+    def schedules(self) -> ScheduleStore:
+        return self._schedules
 
     def reserve(self, job_id: str) -> None:
         self._write(lambda cur: _add_stale(cur, job_id))
@@ -292,6 +298,39 @@ class PostgresJobStore:
                 (step.version, time.time(), step.about),
             )
             log.info("sched.store.migrated", extra={"store": self.url, "version": step.version})
+
+
+@final
+class _PostgresRunner:
+    """The schedule store's :class:`~truba.scheduler.schedule_store.SqlRunner` on this database:
+    its ``?`` placeholders become ``%s``; every call is bounded and reconnects as the job store's."""
+
+    def __init__(self, call: Callable[..., Any]) -> None:
+        self._call = call
+
+    def rows(self, sql: str, params: Sequence[object] = ()) -> list[tuple[Any, ...]]:
+        def rows(cur: Cursor) -> list[tuple[Any, ...]]:
+            return cur.execute(_marks(sql), params).fetchall()
+
+        result: list[tuple[Any, ...]] = self._call(rows, write=False)
+        return result
+
+    def transaction(self, work: Callable[[Tx], T]) -> T:
+        result: T = self._call(lambda cur: work(_CursorTx(cur)), write=True)
+        return result
+
+
+@final
+class _CursorTx:
+    def __init__(self, cur: Cursor) -> None:
+        self._cur = cur
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+        return self._cur.execute(_marks(sql), params).rowcount
+
+
+def _marks(sql: str) -> str:
+    return sql.replace("?", "%s")
 
 
 def _add_stale(cur: Cursor, job_id: str) -> None:

@@ -72,6 +72,36 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             'CREATE TABLE dead_queues (job_id TEXT COLLATE "C" PRIMARY KEY, until DOUBLE PRECISION NOT NULL)',
         ),
     ),
+    Migration(
+        4,
+        "periodic schedules and their last runs",
+        sqlite=(
+            "CREATE TABLE IF NOT EXISTS schedules (id TEXT PRIMARY KEY, name TEXT NOT NULL,"
+            " handler TEXT NOT NULL, job_id TEXT NOT NULL, every REAL NOT NULL, cron TEXT NOT NULL,"
+            " payload BLOB NOT NULL, deadline REAL NOT NULL, importance REAL NOT NULL,"
+            " state TEXT NOT NULL, created_at REAL NOT NULL, next_due REAL NOT NULL,"
+            " lease_until REAL NOT NULL, run_task TEXT NOT NULL, runs INTEGER NOT NULL)",
+            "CREATE TABLE IF NOT EXISTS schedule_runs (schedule_id TEXT NOT NULL, task_id TEXT NOT NULL,"
+            " due REAL NOT NULL, started REAL NOT NULL, ended REAL NOT NULL, outcome TEXT NOT NULL,"
+            " error TEXT NOT NULL, duration REAL NOT NULL, daemon_id TEXT NOT NULL,"
+            " PRIMARY KEY (schedule_id, task_id))",
+            "CREATE INDEX IF NOT EXISTS schedule_runs_by_start ON schedule_runs (schedule_id, started)",
+        ),
+        postgresql=(
+            'CREATE TABLE schedules (id TEXT COLLATE "C" PRIMARY KEY, name TEXT NOT NULL,'
+            " handler TEXT NOT NULL, job_id TEXT NOT NULL, every DOUBLE PRECISION NOT NULL,"
+            " cron TEXT NOT NULL, payload BYTEA NOT NULL, deadline DOUBLE PRECISION NOT NULL,"
+            " importance DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,"
+            " created_at DOUBLE PRECISION NOT NULL, next_due DOUBLE PRECISION NOT NULL,"
+            " lease_until DOUBLE PRECISION NOT NULL, run_task TEXT NOT NULL, runs BIGINT NOT NULL)",
+            'CREATE TABLE schedule_runs (schedule_id TEXT COLLATE "C" NOT NULL,'
+            ' task_id TEXT COLLATE "C" NOT NULL, due DOUBLE PRECISION NOT NULL,'
+            " started DOUBLE PRECISION NOT NULL, ended DOUBLE PRECISION NOT NULL, outcome TEXT NOT NULL,"
+            " error TEXT NOT NULL, duration DOUBLE PRECISION NOT NULL, daemon_id TEXT NOT NULL,"
+            " PRIMARY KEY (schedule_id, task_id))",
+            "CREATE INDEX schedule_runs_by_start ON schedule_runs (schedule_id, started)",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

@@ -82,6 +82,35 @@ function renderJobs(jobs, history) {
   document.getElementById("no-jobs").hidden = jobs.length > 0;
 }
 
+const outcome = (run) => (run && run.outcome ? run.outcome.replace("RUN_OUTCOME_", "").toLowerCase() : "—");
+
+function renderSchedules(schedules) {
+  const body = document.querySelector("#schedules tbody");
+  const now = Date.now() / 1000;
+  body.replaceChildren(
+    ...schedules.map((s) => {
+      const last = s.last_run;
+      const kind = outcome(last);
+      const active = (s.state || "").endsWith("ACTIVE");
+      return el(
+        "tr",
+        { id: "schedule-" + s.id },
+        el("td", {}, s.id),
+        el("td", {}, s.name || ""),
+        el("td", {}, s.handler || ""),
+        el("td", {}, num(s.every) ? `every ${fmt(num(s.every), 2)} s` : `cron ${s.cron || ""}`),
+        el("td", { class: "state" }, active ? "active" : "paused"),
+        el("td", { class: "n runs" }, fmt(num(s.runs))),
+        el("td", { class: "outcome " + kind, title: (last && last.error) || "" }, kind),
+        el("td", { class: "n" }, last && last.ended ? `${fmt(num(last.duration) * 1000, 1)} ms` : "—"),
+        el("td", { class: "n next" }, active ? `${fmt(Math.max(0, num(s.next_due) - now), 1)} s` : "—"),
+        el("td", {}, el("a", { href: "#job/" + s.job_id }, s.job_id || ""))
+      );
+    })
+  );
+  document.getElementById("no-schedules").hidden = schedules.length > 0;
+}
+
 function renderDaemons(daemons) {
   const body = document.querySelector("#daemons tbody");
   const now = Date.now() / 1000;
@@ -232,10 +261,11 @@ async function refresh() {
   const route = location.hash.match(/^#job\/([a-z0-9]+)$/);
   const status = document.getElementById("status");
   try {
-    const [{ jobs }, { daemons }, history] = await Promise.all([
+    const [{ jobs }, { daemons }, history, { schedules }] = await Promise.all([
       api("api/v1/jobs"),
       api("api/v1/daemons"),
       api("api/v1/history"),
+      api("api/v1/schedules"),
     ]);
     const slots = daemons.reduce((sum, d) => sum + num(d.slots), 0);
     const busy = daemons.reduce((sum, d) => sum + (d.stats || []).reduce((a, s) => a + num(s.busy_slots), 0), 0);
@@ -249,6 +279,7 @@ async function refresh() {
       await refreshTimeline(route[1]);
     } else {
       renderJobs(jobs, history);
+      renderSchedules(schedules);
       renderDaemons(daemons);
       renderOverviewCharts(history);
     }

@@ -8,7 +8,7 @@ says so.
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
-    task:   [1, task_id, payload]                                  + [{"attempts": n, "priority": p}]
+    task:   [1, task_id, payload]         + [{"attempts": n, "priority": p, "not_before": t, "expires": t}]
     result: [1, task_id, ok, value | [type, message, tb], daemon, seconds]
                                                                    + [{"attempts": n, "gave_up": true}]
 
@@ -48,6 +48,10 @@ class TaskMessage:
     not_before: float = 0.0
     """A delayed task's due time (Unix time; 0: none): the brokers held it until then. In the
     body so that the client's journal knows it when the task is sent again."""
+    expires: float = 0.0
+    """A time (Unix; 0: never) after which the task is not run any more: a daemon that gets it
+    later gives it up at once (``RunExpired``). A schedule's run carries one, so that runs sent
+    while no daemon served the schedule do not all run when one comes back."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,9 +132,16 @@ def _count(extras: dict[object, object], key: str, default: int, what: str) -> i
     return value
 
 
+def _time(extras: dict[object, object], key: str) -> float:
+    value = extras.get(key, 0.0)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise CodecError(f"task: {key} must be a number, got {value!r:.40}")
+    return float(value)
+
+
 class TaskCodec:
     """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p,
-    "not_before": t}``, each when not 0)."""
+    "not_before": t, "expires": t}``, each when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
         fields: list[object] = [FORMAT, message.task_id, message.payload]
@@ -141,6 +152,8 @@ class TaskCodec:
             extras["priority"] = message.priority
         if message.not_before:
             extras["not_before"] = message.not_before
+        if message.expires:
+            extras["expires"] = message.expires
         if extras:
             fields.append(extras)
         return _pack(fields, f"task {message.task_id} payload")
@@ -152,10 +165,8 @@ class TaskCodec:
         extras = _extras(obj, 3, "task")
         attempts = _count(extras, "attempts", 0, "task")
         priority = _count(extras, "priority", 0, "task")
-        not_before = extras.get("not_before", 0.0)
-        if not isinstance(not_before, (int, float)) or isinstance(not_before, bool):
-            raise CodecError(f"task: not_before must be a number, got {not_before!r:.40}")
-        return TaskMessage(obj[1], obj[2], attempts, priority, float(not_before))
+        not_before = _time(extras, "not_before")
+        return TaskMessage(obj[1], obj[2], attempts, priority, not_before, _time(extras, "expires"))
 
 
 class ResultCodec:

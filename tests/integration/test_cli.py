@@ -32,6 +32,9 @@ VERBS = [
     ["cancel", "j-1"],
     ["daemons"],
     ["drain", "d-1"],
+    ["schedules"],
+    ["schedules", "--runs", "s1"],
+    ["schedule", "pause", "s1"],
     ["top"],
 ]
 

@@ -102,6 +102,7 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         job = client.create_job(handler="tests.handlers.basic:sleep", name="naps")
         for _ in range(300):
             job.submit(0.05)  # about 4 s on 4 slots: the page sees them run, even on a busy machine
+        schedule = client.create_schedule("tests.handlers.basic:square", every=0.5, payload=3, name="ticks")
         browser.get(base)
         row = f"job-{job.id}"
         eventually(lambda: browser.find_element(By.ID, row), "the job's row")
@@ -110,6 +111,12 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         eventually(lambda: int(cell(browser, row, "done").replace(",", "") or 0) > first, "done to grow")
         eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#daemon-d0, #daemon-d1"), "daemons")
         assert len(browser.find_elements(By.CSS_SELECTOR, "#daemons tbody tr")) == 2
+        # Schedules: a row per schedule, its runs counted live, the last one's outcome
+        ticks = f"schedule-{schedule.id}"
+        eventually(lambda: browser.find_element(By.ID, ticks), "the schedule's row")
+        runs = int(cell(browser, ticks, "runs").replace(",", "") or 0)
+        eventually(lambda: int(cell(browser, ticks, "runs").replace(",", "") or 0) > runs, "runs to grow")
+        eventually(lambda: cell(browser, ticks, "outcome") == "ok", "an ok run")
         eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart-rate path"), "a throughput line")
         browser.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
         browser.find_element(By.LINK_TEXT, job.id).click()
@@ -139,5 +146,6 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
             assert next(results).ok
         results.close()
         job.close()
+        schedule.delete()
     assert severe(browser) == [], "the page logged errors"
     assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 10_000

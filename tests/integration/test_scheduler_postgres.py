@@ -1,5 +1,7 @@
 """A scheduler on PostgreSQL, killed with -9 mid-job and restarted on the same database.
 
+A periodic schedule created before the kill fires on after the restart (it is in PostgreSQL).
+
 The scheduler's state directory is wiped between the two runs, so everything the restarted
 scheduler knows comes from PostgreSQL: the job, its settings and counters, and the stale-queue
 ledger. The data plane does not need the scheduler, so the job completes with every outcome
@@ -19,7 +21,7 @@ import pytest
 
 from tests.integration.processes import ALLOW
 from tests.postgres import LocalPostgres
-from truba.client import Client
+from truba.client import Client, Schedule
 from truba.client.errors import Unavailable
 from truba.local.cluster import LocalCluster
 from truba.proto.v1 import jobs_pb2
@@ -58,6 +60,7 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
             local.start_daemon(f"d{i}", 2, ALLOW)
         await asyncio.to_thread(local.wait_for_daemons, 2)
         async with Client(address, journal=tmp_path / "journal") as client:
+            schedule = await client.create_schedule("tests.handlers.basic:square", every=0.5, payload=3)
             job = await client.create_job("tests.handlers.basic:sleep", importance=1.0)
             for _ in range(TASKS):
                 await job.submit(0.005)
@@ -73,6 +76,7 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
 
             consumer = asyncio.create_task(consume())
             await asyncio.wait_for(halfway.wait(), 60)
+            fired = (await schedule.refresh()).runs
             # When the scheduler dies with -9 and comes back with an empty state directory
             scheduler.kill()
             shutil.rmtree(tmp_path / "scheduler")
@@ -91,6 +95,11 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
             await second.close()
             outcomes = [outcome async for outcome in second.results()]
             assert [o.ok for o in outcomes] == [True]
+            # And the schedule, kept in PostgreSQL, fires on
+            (kept,) = await client.schedules()
+            assert kept.id == schedule.id and kept.info.runs > fired
+            await _eventually_more_runs(kept, kept.info.runs + 2)
+            assert {run.outcome for run in (await kept.runs())[1:4]} == {"ok"}
     except BaseException:
         print("\n".join(f"--- {p.name}\n{p.log()[-4000:]}" for p in local.processes))
         raise
@@ -98,6 +107,13 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
         await asyncio.to_thread(local.stop)
     assert len(seen) == TASKS, f"{len(seen)} outcomes of {TASKS}"
     assert set(seen.values()) == {1}, "an outcome was delivered twice"
+
+
+async def _eventually_more_runs(schedule: Schedule, runs: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (await schedule.refresh()).runs < runs:
+        assert time.monotonic() < deadline, f"the schedule fired {schedule.info.runs} times, not {runs}"
+        await asyncio.sleep(0.1)
 
 
 async def _job_info_once_back(client: Client, job_id: str, timeout: float = 30.0) -> jobs_pb2.Job:

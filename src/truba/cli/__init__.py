@@ -2,7 +2,8 @@
 
 Running things: ``scheduler``, ``daemon``, ``up`` (a local cluster). Asking the scheduler:
 ``status``, ``jobs``, ``job ID`` (``--dead``: its dead letters), ``cancel ID``, ``daemons``,
-``drain ID`` and ``top`` (a live view): human tables by
+``drain ID``, ``schedules`` (``--runs ID``), ``schedule pause|resume|delete ID`` and ``top`` (a
+live view): human tables by
 default, ``--json`` for machines, ``$TRUBA_SCHEDULER`` as the default address, one line on
 stderr and a sysexits-like status when something fails (:mod:`truba.cli.exits`).
 """
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Sequence
 
 from truba import logs
-from truba.cli import daemons, jobs, status, timeline, top
+from truba.cli import daemons, jobs, schedules, status, timeline, top
 from truba.cli.exits import INTERRUPTED, CliError
 
 __all__ = ["build_parser", "main"]
@@ -40,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.register(sub)
     jobs.register(sub)
     daemons.register(sub)
+    schedules.register(sub)
     timeline.register(sub)
     top.register(sub)
     return parser

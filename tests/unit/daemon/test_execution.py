@@ -314,3 +314,17 @@ async def test_a_pickle_job_on_a_daemon_with_allow_pickle_runs_with_pickled_payl
     [delivery] = await rig.deliveries(TaskMessage("t", 1))
     await rig.execution.run_one(rig.worker, delivery)
     assert rig.slot.handlers == ["h|pickle"] and rig.outcomes() == {"t": 1}
+
+
+async def test_an_expired_task_is_given_up_unrun_and_one_not_expired_runs() -> None:
+    rig = Rig(JobSettings(max_attempts=1))
+    late, timely = await rig.deliveries(
+        TaskMessage("late", 1, expires=1.0), TaskMessage("ok", 2, expires=4e9)
+    )
+    await rig.execution.run_one(rig.worker, late)
+    await rig.execution.run_one(rig.worker, timely)
+    expired, ran = rig.results.sent
+    assert expired.gave_up and expired.error is not None and expired.error.type == "RunExpired"
+    assert (ran.ok, ran.value) == (True, 2) and rig.slot.tasks_run == 1
+    assert rig.dead.sent == []  # nothing to inspect: it never ran
+    await eventually(lambda: rig.tasks.acked == [late.message, timely.message])

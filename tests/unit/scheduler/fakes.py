@@ -6,9 +6,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from truba.pipes.base import Delivery
 from truba.pipes.broker import Browsed, QueuedMessage, QueueSpec, redact
-from truba.pipes.errors import ChannelLost, ConnectionLost
+from truba.pipes.errors import ChannelLost, ConnectionLost, PipeClosed
+from truba.queues import JobQueues
 from truba.scheduler.brokers import AdminConnection, Brokers
+from truba.wire import ResultMessage
 
 
 @dataclass
@@ -112,3 +115,39 @@ class ManualClock:
 
 async def no_sleep(_: float) -> None:
     await asyncio.sleep(0)
+
+
+@dataclass
+class FakePipe:
+    """A schedule job's pipes (:class:`~truba.scheduler.schedule_pipes.RunPipe`): runs sent are
+    recorded (or refused with ``fail``); no result ever comes."""
+
+    sent: list[tuple[str, bytes]] = field(default_factory=list)
+    expires: list[float] = field(default_factory=list)
+    fail: bool = False
+
+    async def fire(self, task_id: str, payload: bytes, expires: float) -> None:
+        if self.fail:
+            raise PipeClosed("broker gone")
+        self.sent.append((task_id, payload))
+        self.expires.append(expires)
+
+    async def outcome(self, timeout: float) -> Delivery[ResultMessage] | None:
+        await asyncio.sleep(0)
+        return None
+
+    async def close(self) -> None:
+        pass
+
+
+@dataclass
+class FakePipes:
+    """Opens one :class:`FakePipe` per job (by its task queue)."""
+
+    pipes: dict[str, FakePipe] = field(default_factory=dict)
+
+    def open(self, queues: JobQueues) -> FakePipe:
+        return self.pipes.setdefault(queues.tasks, FakePipe())
+
+    async def close(self) -> None:
+        pass

@@ -49,6 +49,9 @@ async def test_metrics_json_api_and_health_are_served(tmp_path: Path) -> None:
         assert status == 404 and "nope" in text
         status, text = await get(f"{base}/api/v1/jobs/no-such")
         assert status == 400 and "job_id" in text
+        assert await get(f"{base}/api/v1/schedules") == (200, '{"schedules": []}')
+        status, text = await get(f"{base}/api/v1/schedules/nope/runs")
+        assert status == 404 and "nope" in text
 
 
 async def test_the_dashboard_and_its_files_are_served_open_even_with_a_token(tmp_path: Path) -> None:
