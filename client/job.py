@@ -117,6 +117,7 @@ class Job(Generic[P, R]):
             poll=lambda: self._ending.check_state(),
             on_done=lambda: self._ending.finish(),
             reach=reach,
+            latency=self._progress.latency,
         )
         self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
         self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)

@@ -16,8 +16,9 @@ confirmed are to be sent again at once, the confirmed ones are waited for (and s
 their broker is declared lost). ``recorded`` counts every task ever submitted to the job,
 across runs, exactly: the tasks log's seqs never go back.
 
-Memory: per outstanding task, its id and two seqs; payloads stay on disk and are read back
-only to be sent again.
+Memory: per outstanding task, its id, two seqs and when it was submitted (``start``, this
+process's monotonic clock, for the outcome latency; not written: a recovered task's is unknown);
+payloads stay on disk and are read back only to be sent again.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ class _Entry:
     mark: int | None = None
     """The confirm record's seq (``_PENDING`` until written); None while no broker has
     confirmed the task."""
+    start: float = 0.0
+    """When it was submitted (monotonic; 0.0: unknown, recovered after a crash)."""
 
 
 @final
@@ -126,8 +129,9 @@ class Journal:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    async def record(self, task_id: str, data: bytes) -> None:
-        """Writes a new task before it is sent; returns when it is as durable as the fsync policy says.
+    async def record(self, task_id: str, data: bytes, start: float = 0.0) -> None:
+        """Writes a new task before it is sent; returns when it is as durable as the fsync policy
+        says. ``start``: when it counts as submitted, for its outcome latency (:meth:`started`).
 
         Raises:
             ValueError: ``task_id`` is already outstanding.
@@ -137,8 +141,13 @@ class Journal:
             raise ValueError(f"task {task_id} is already in the journal")
         key = task_id.encode()
         seq = self._tasks.append(_KEY.pack(len(key)) + key + data)
-        self._entries[task_id] = _Entry(seq)
+        self._entries[task_id] = _Entry(seq, None, start)
         await self._commit.commit()
+
+    def started(self, task_id: str) -> float:
+        """When the outstanding task counts as submitted (0.0: unknown, or not outstanding)."""
+        entry = self._entries.get(task_id)
+        return 0.0 if entry is None else entry.start
 
     def confirmed(self, task_id: str) -> None:
         """A broker confirmed the task: after a crash it is waited for, not sent again.
@@ -305,7 +314,7 @@ class MemoryJournal:
 
     def __init__(self) -> None:
         self.directory: Path | None = None
-        self._entries: dict[str, tuple[bytes, bool]] = {}
+        self._entries: dict[str, tuple[bytes, bool, float]] = {}
         self._recorded = 0
 
     def __contains__(self, task_id: object) -> bool:
@@ -322,27 +331,31 @@ class MemoryJournal:
         return list(self._entries)
 
     def unconfirmed(self) -> list[str]:
-        return [task_id for task_id, (_, confirmed) in self._entries.items() if not confirmed]
+        return [task_id for task_id, (_, confirmed, _) in self._entries.items() if not confirmed]
 
     def load(self, task_ids: Iterable[str]) -> dict[str, bytes]:
         return {t: self._entries[t][0] for t in task_ids if t in self._entries}
 
-    async def record(self, task_id: str, data: bytes) -> None:
+    async def record(self, task_id: str, data: bytes, start: float = 0.0) -> None:
         if task_id in self._entries:
             raise ValueError(f"task {task_id} is already in the journal")
-        self._entries[task_id] = (data, False)
+        self._entries[task_id] = (data, False, start)
         self._recorded += 1
+
+    def started(self, task_id: str) -> float:
+        entry = self._entries.get(task_id)
+        return 0.0 if entry is None else entry[2]
 
     def confirmed(self, task_id: str) -> None:
         entry = self._entries.get(task_id)
         if entry is not None:
-            self._entries[task_id] = (entry[0], True)
+            self._entries[task_id] = (entry[0], True, entry[2])
 
     def unmark(self, task_ids: Iterable[str]) -> None:
         for task_id in task_ids:
             entry = self._entries.get(task_id)
             if entry is not None:
-                self._entries[task_id] = (entry[0], False)
+                self._entries[task_id] = (entry[0], False, entry[2])
 
     def settle(self, task_id: str) -> bool:
         return self._entries.pop(task_id, None) is not None

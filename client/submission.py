@@ -138,7 +138,9 @@ class Submission:
                 "pass large data by reference (a path or a URL); nothing was sent"
             )
         self._next += 1
-        await self._journal.record(task_id, task.data)
+        # Its outcome latency counts from now, or from its due time (on the monotonic clock).
+        start = time.monotonic() + (max(0.0, due - time.time()) if due else 0.0)
+        await self._journal.record(task_id, task.data, start)
         try:
             async with self._reach.bounded(self._submitting):
                 if timeout is None:  # the common case: no timer to arm
