@@ -15,6 +15,11 @@ exposed port does is tell what runs):
   daemon and slot (:mod:`truba.scheduler.timeline`), flat: ``{"job_id", "dropped", "left_out",
   "spans": [{"daemon_id", "task_id", "slot", "start", "end", "outcome", "attempt", "error"}]}``,
   outcomes as words;
+- ``GET /api/v1/jobs/{id}/errors`` (``?limit=N``): the job's newest failed attempts, newest first,
+  each a timeline span with its error's ``message`` (:meth:`TaskTimeline.errors_json`);
+- ``GET /api/v1/jobs/{id}/dead`` (``?limit=N`` per broker): the job's dead letters without their
+  bodies, as ``ListDeadLetters`` answers, read at most every few seconds per job
+  (:mod:`truba.scheduler.dead_answers`; 504 when the brokers do not answer in time);
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -38,10 +43,11 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
-from truba.scheduler.timeline import TaskTimeline
+from truba.scheduler.timeline import FAILURES, TaskTimeline
 from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -73,8 +79,10 @@ def build_app(
     *,
     token: str | None = None,
     timeline: TaskTimeline | None = None,
+    dead: DeadLetterAnswers | None = None,
 ) -> web.Application:
-    """The HTTP application over ``view``, ``metrics``, ``history`` and ``timeline``."""
+    """The HTTP application over ``view``, ``metrics``, ``history``, ``timeline`` and ``dead``
+    (None: dead letters are not served, 503)."""
     spans = timeline or TaskTimeline()
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
@@ -118,6 +126,30 @@ def build_app(
             return web.json_response({"error": "since, limit: must be numbers"}, status=400)
         return web.json_response(spans.timeline_json(found.id, since, limit))
 
+    async def job_errors(request: web.Request) -> web.Response:
+        try:
+            found = view.job(request.match_info["job_id"])
+            limit = int(request.query.get("limit", "") or FAILURES)
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        except ValueError:
+            return web.json_response({"error": "limit: must be a number"}, status=400)
+        return web.json_response(spans.errors_json(found.id, limit))
+
+    async def job_dead(request: web.Request) -> web.Response:
+        if dead is None:
+            return web.json_response({"error": "dead letters are not served here"}, status=503)
+        try:
+            limit = int(request.query.get("limit", "0") or 0)
+            answer = await dead.answer(request.match_info["job_id"], limit)
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        except ValueError:
+            return web.json_response({"error": "limit: must be a number"}, status=400)
+        except TimeoutError:
+            return web.json_response({"error": "the brokers did not answer in time"}, status=504)
+        return web.json_response(answer)
+
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
         suffix = "." + name.rpartition(".")[2]
@@ -138,6 +170,8 @@ def build_app(
     app.router.add_get("/api/v1/history", all_history)
     app.router.add_get("/api/v1/jobs/{job_id}/history", job_history)
     app.router.add_get("/api/v1/jobs/{job_id}/timeline", job_timeline)
+    app.router.add_get("/api/v1/jobs/{job_id}/errors", job_errors)
+    app.router.add_get("/api/v1/jobs/{job_id}/dead", job_dead)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app
