@@ -116,6 +116,7 @@ class Job(Generic[P, R]):
             poll=lambda: self._ending.check_state(),
             on_done=lambda: self._ending.finish(),
             reach=reach,
+            latency=self._progress.latency,
         )
         keys = self._submission.keys
         keys.on_active = lambda: self._stream.tell(keys.arrived, keys.settled)

@@ -19,8 +19,9 @@ first with their messages (:meth:`Journal.take_keyed`), so that their chains are
 ``recorded`` counts every task ever submitted to the job,
 across runs, exactly: the tasks log's seqs never go back.
 
-Memory: per outstanding task, its id and two seqs; payloads stay on disk and are read back
-only to be sent again.
+Memory: per outstanding task, its id, two seqs and when it was submitted (``start``, this
+process's monotonic clock, for the outcome latency; not written: a recovered task's is unknown);
+payloads stay on disk and are read back only to be sent again.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ class _Entry:
     mark: int | None = None
     """The confirm record's seq (``_PENDING`` until written); None while no broker has
     confirmed the task."""
+    start: float = 0.0
+    """When it was submitted (monotonic; 0.0: unknown, recovered after a crash)."""
 
 
 @final
@@ -139,9 +142,10 @@ class Journal:
 
     # -- writing ---------------------------------------------------------------------------------
 
-    async def record(self, task_id: str, data: bytes, key: str | None = None) -> None:
+    async def record(self, task_id: str, data: bytes, key: str | None = None, start: float = 0.0) -> None:
         """Writes a new task (with its order ``key``, if any) before it is sent; returns when it
-        is as durable as the fsync policy says.
+        is as durable as the fsync policy says. ``start``: when it counts as submitted, for its
+        outcome latency (:meth:`started`).
 
         Raises:
             ValueError: ``task_id`` is already outstanding.
@@ -156,8 +160,13 @@ class Journal:
             ordered = key.encode()
             head = _KEY.pack(len(name) | _KEYED) + name + _KEY.pack(len(ordered)) + ordered
             seq = self._tasks.append(head + data)
-        self._entries[task_id] = _Entry(seq)
+        self._entries[task_id] = _Entry(seq, None, start)
         await self._commit.commit()
+
+    def started(self, task_id: str) -> float:
+        """When the outstanding task counts as submitted (0.0: unknown, or not outstanding)."""
+        entry = self._entries.get(task_id)
+        return 0.0 if entry is None else entry.start
 
     def confirmed(self, task_id: str) -> None:
         """A broker confirmed the task: after a crash it is waited for, not sent again.
@@ -334,7 +343,7 @@ class MemoryJournal:
 
     def __init__(self) -> None:
         self.directory: Path | None = None
-        self._entries: dict[str, tuple[bytes, bool]] = {}
+        self._entries: dict[str, tuple[bytes, bool, float]] = {}
         self._recorded = 0
 
     def __contains__(self, task_id: object) -> bool:
@@ -351,7 +360,7 @@ class MemoryJournal:
         return list(self._entries)
 
     def unconfirmed(self) -> list[str]:
-        return [task_id for task_id, (_, confirmed) in self._entries.items() if not confirmed]
+        return [task_id for task_id, (_, confirmed, _) in self._entries.items() if not confirmed]
 
     def load(self, task_ids: Iterable[str]) -> dict[str, bytes]:
         return {t: self._entries[t][0] for t in task_ids if t in self._entries}
@@ -359,22 +368,26 @@ class MemoryJournal:
     def take_keyed(self) -> list[tuple[str, str, bytes]]:
         return []  # nothing to recover: the job cannot be resumed
 
-    async def record(self, task_id: str, data: bytes, key: str | None = None) -> None:
+    async def record(self, task_id: str, data: bytes, key: str | None = None, start: float = 0.0) -> None:
         if task_id in self._entries:
             raise ValueError(f"task {task_id} is already in the journal")
-        self._entries[task_id] = (data, False)
+        self._entries[task_id] = (data, False, start)
         self._recorded += 1
+
+    def started(self, task_id: str) -> float:
+        entry = self._entries.get(task_id)
+        return 0.0 if entry is None else entry[2]
 
     def confirmed(self, task_id: str) -> None:
         entry = self._entries.get(task_id)
         if entry is not None:
-            self._entries[task_id] = (entry[0], True)
+            self._entries[task_id] = (entry[0], True, entry[2])
 
     def unmark(self, task_ids: Iterable[str]) -> None:
         for task_id in task_ids:
             entry = self._entries.get(task_id)
             if entry is not None:
-                self._entries[task_id] = (entry[0], False)
+                self._entries[task_id] = (entry[0], False, entry[2])
 
     def settle(self, task_id: str) -> bool:
         return self._entries.pop(task_id, None) is not None

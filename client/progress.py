@@ -1,6 +1,7 @@
 """A job's progress reports to the scheduler: how many tasks were submitted, how many
 outcomes taken, and how many delayed tasks are not due yet, which the scheduler sizes the job's
-share by.
+share by; and the outcomes taken by latency (:attr:`ProgressReporter.latency`, filled by the
+result stream), which the scheduler exports.
 
 Every submit and every outcome taken pokes the reporter (:meth:`ProgressReporter.poke`: a flag,
 nothing more on the hot path); one background task coalesces the pokes into at most one
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from typing import Final, final
 
 from truba.client.errors import SchedulerError, Unavailable, map_rpc_errors
+from truba.latency import LatencyCounts
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -48,6 +50,8 @@ class ProgressReporter:
         self._counts = counts
         self._interval = interval
         self._keepalive = keepalive
+        self.latency = LatencyCounts()
+        """The outcomes taken so far by latency (cumulative: sent whole with every report)."""
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         """The reporter, started by the first poke; once stopped, never started again."""
@@ -78,8 +82,13 @@ class ProgressReporter:
             now = self._counts()
             if now != last or keepalive:
                 submitted, received, delayed = now
+                latency = jobs_pb2.OutcomeLatency(counts=self.latency.counts, sum=self.latency.sum)
                 request = jobs_pb2.ReportProgressRequest(
-                    job_id=self._job_id, submitted=submitted, received=received, delayed=delayed
+                    job_id=self._job_id,
+                    submitted=submitted,
+                    received=received,
+                    delayed=delayed,
+                    latency=latency,
                 )
                 try:
                     with map_rpc_errors():  # bounded: a scheduler that never answers only delays it

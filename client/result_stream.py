@@ -36,6 +36,7 @@ from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobStatus
 from truba.client.outcome import Outcome
 from truba.client.reach import Reach
+from truba.latency import LatencyCounts
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_listener import FrameListener
@@ -55,7 +56,8 @@ GET_TIMEOUT: Final = 0.5
 class ResultStream:
     """Yields a job's outcomes; see the module.
 
-    ``on_taken`` is called for every outcome taken (progress); ``poll`` while no result comes
+    ``on_taken`` is called for every outcome taken (progress), after ``latency`` counted it
+    (seconds from its task's ``start`` in the journal, when known); ``poll`` while no result comes
     (the job may have been cancelled elsewhere); ``on_done`` once every outcome is taken.
     """
 
@@ -72,9 +74,12 @@ class ResultStream:
         poll: Callable[[], Awaitable[None]],
         on_done: Callable[[], Awaitable[None]],
         reach: Reach,
+        latency: LatencyCounts | None = None,
     ) -> None:
         self._job_id = job_id
         self._reach = reach
+        self._latency = latency
+        """Counts each outcome taken by its latency (None: not counted)."""
         self._results = results
         self._journal = journal
         self._status = status
@@ -197,9 +202,11 @@ class ResultStream:
             return await self._results.get(GET_TIMEOUT)
 
     async def _take(self, delivery: Delivery[ResultMessage]) -> None:
-        """The application took this outcome: the journal forgets its task; its result is
-        acked with the next batch (:meth:`ack_taken`)."""
+        """The application took this outcome: its latency is counted, the journal forgets its
+        task; its result is acked with the next batch (:meth:`ack_taken`)."""
         task_id = delivery.message.task_id
+        if self._latency is not None and (start := self._journal.started(task_id)):
+            self._latency.observe(time.monotonic() - start)
         self._journal.settle(task_id)
         if self.settled is not None:
             self.settled(task_id)

@@ -154,7 +154,9 @@ class Submission:
                 "pass large data by reference (a path or a URL); nothing was sent"
             )
         self._next += 1
-        await self._journal.record(task_id, task.data, key)
+        # Its outcome latency counts from now, or from its due time (on the monotonic clock).
+        start = time.monotonic() + (max(0.0, due - time.time()) if due else 0.0)
+        await self._journal.record(task_id, task.data, key, start)
         if key is not None and not self.keys.add(key, task):
             self._on_change()
             log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})

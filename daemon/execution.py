@@ -157,8 +157,11 @@ class Execution:
                         began = ended_at
                     if end.ending is Ending.REPLIED:
                         outcome = await self._complete(delivery, task, end, spent + 1)
-                        error = end.reply.error.type if end.reply and end.reply.error else ""
-                        spans.attempt(task.task_id, slot.index, start, ended_at, outcome, spent + 1, error)
+                        fault = end.reply.error if end.reply else None
+                        kind, message = (fault.type, fault.message) if fault else ("", "")
+                        spans.attempt(
+                            task.task_id, slot.index, start, ended_at, outcome, spent + 1, kind, message
+                        )
                         continue
                     if replied:  # the slot is started afresh (one process, whatever it held)
                         self.events.slot_restarted(end.ending)
@@ -174,8 +177,10 @@ class Execution:
                         log.info("daemon.task.preempted", extra=fields)
                     else:
                         outcome = await self._failed(delivery, task, end, spent)
-                        error = end.error.type if end.error else ""
-                        spans.attempt(task.task_id, slot.index, start, ended_at, outcome, spent + 1, error)
+                        kind, message = (end.error.type, end.error.message) if end.error else ("", "")
+                        spans.attempt(
+                            task.task_id, slot.index, start, ended_at, outcome, spent + 1, kind, message
+                        )
                     if way.streams:  # the slot is gone (and started afresh)
                         break
         except BaseException:
@@ -217,7 +222,11 @@ class Execution:
             if admission.verdict is Verdict.GIVE_UP:
                 await self.returns.give_up(delivery, task, admission.spent, admission.error)
                 now = time.time()
-                self.spans.attempt(task.task_id, worker.slot.index, now, now, GAVE_UP, admission.spent)
+                fault = admission.error
+                kind, message = (fault.type, fault.message) if fault else ("", "")
+                self.spans.attempt(
+                    task.task_id, worker.slot.index, now, now, GAVE_UP, admission.spent, kind, message
+                )
                 return None
             if task.expires and time.time() > task.expires:  # a schedule's run come too late: not run
                 error = ErrorInfo(

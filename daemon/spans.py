@@ -7,7 +7,8 @@ lock, no wait); the heartbeat turns what is there into ``truba.v1.Span`` message
 than :data:`PER_HEARTBEAT` attempts end between two heartbeats, the newest are kept and the
 heartbeat counts the rest as dropped. A span is the attempt's job, task, slot, wall-clock start
 and end, how it ended (:class:`~truba.proto.v1.daemons_pb2.SpanOutcome`), its number and its
-error's type; a slot leaving its job (the scheduler took it, or the daemon drains) is a span of
+error's type and the start of its message (at most :data:`MESSAGE_CHARS`: cut on the failure
+path only); a slot leaving its job (the scheduler took it, or the daemon drains) is a span of
 its own, ``SLOT_TAKEN``, with no task and no length.
 
 An attempt in progress is one entry in a dict, set when it starts (:meth:`JobSpans.started`)
@@ -28,9 +29,11 @@ from truba.proto.v1 import daemons_pb2
 
 Outcome: TypeAlias = daemons_pb2.SpanOutcome.ValueType
 PER_HEARTBEAT: Final = 2000
-"""Spans one heartbeat carries at most (the newest; about 150 kB encoded)."""
+"""Spans one heartbeat carries at most (the newest; about 150 kB encoded, more with errors)."""
 RUNNING_PER_HEARTBEAT: Final = 2000
 """Attempts in progress one heartbeat carries at most (the oldest; about 120 kB encoded)."""
+MESSAGE_CHARS: Final = 300
+"""Characters of a failed attempt's error message a span carries at most."""
 
 OK: Final = daemons_pb2.SPAN_OUTCOME_OK
 ERROR: Final = daemons_pb2.SPAN_OUTCOME_ERROR
@@ -41,8 +44,9 @@ PREEMPTED: Final = daemons_pb2.SPAN_OUTCOME_PREEMPTED
 GAVE_UP: Final = daemons_pb2.SPAN_OUTCOME_GAVE_UP
 SLOT_TAKEN: Final = daemons_pb2.SPAN_OUTCOME_SLOT_TAKEN
 
-_Row = tuple[str, str, int, float, float, Outcome, int, str]
-"""job_id, task_id, slot, start, end, outcome, attempt, error: what the task path appends."""
+_Row = tuple[str, str, int, float, float, Outcome, int, str, str]
+"""job_id, task_id, slot, start, end, outcome, attempt, error type, error message: what the task
+path appends."""
 _Key = tuple[str, str, int]
 """job_id, task_id, slot: an attempt in progress."""
 
@@ -84,8 +88,9 @@ class SpanLog:
                 outcome=outcome,
                 attempt=attempt,
                 error=error,
+                error_message=message,
             )
-            for job_id, task_id, slot, start, end, outcome, attempt, error in rows
+            for job_id, task_id, slot, start, end, outcome, attempt, error, message in rows
         ]
         return spans, dropped
 
@@ -131,14 +136,18 @@ class JobSpans:
         outcome: Outcome,
         attempt: int,
         error: str = "",
+        message: str = "",
     ) -> None:
-        """A task attempt on ``slot`` from ``start`` to ``end`` (Unix seconds) ended ``outcome``."""
-        self.log.add((self.job_id, task_id, slot, start, end, outcome, attempt, error))
+        """A task attempt on ``slot`` from ``start`` to ``end`` (Unix seconds) ended ``outcome``,
+        with an error of type ``error`` saying ``message`` (cut to :data:`MESSAGE_CHARS`)."""
+        if message:
+            message = message[:MESSAGE_CHARS]
+        self.log.add((self.job_id, task_id, slot, start, end, outcome, attempt, error, message))
 
     def slot_taken(self, slot: int) -> None:
         """``slot`` left the job now (taken by the scheduler, or the daemon drains)."""
         now = self.clock()
-        self.log.add((self.job_id, "", slot, now, now, SLOT_TAKEN, 0, ""))
+        self.log.add((self.job_id, "", slot, now, now, SLOT_TAKEN, 0, "", ""))
 
 
 def unrecorded() -> JobSpans:

@@ -35,6 +35,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Final, final
 
+from truba.scheduler.outcome_latency import OutcomeLatencies
+
 RATE_HALF_LIFE: Final = 5.0
 """Seconds over which the submission-rate estimate halves its memory."""
 CLIENT_FRESH: Final = 15.0
@@ -124,6 +126,8 @@ class JobCounters:
     def __init__(self) -> None:
         self._jobs: dict[str, _JobCounters] = {}
         self._dirty: set[str] = set()
+        self.latencies = OutcomeLatencies()
+        """Each runnable job's outcome latency, as its client reports it (in memory only)."""
 
     def _job(self, job_id: str) -> _JobCounters:
         job = self._jobs.get(job_id)

@@ -21,6 +21,11 @@ exposed port does is tell what runs):
 - ``GET /api/v1/schedules``: every periodic schedule with its last run, and
   ``GET /api/v1/schedules/{id}/runs``: its last runs, newest first (``truba.v1.Schedule`` and
   ``ScheduleRun`` as JSON);
+- ``GET /api/v1/jobs/{id}/errors`` (``?limit=N``): the job's newest failed attempts, newest first,
+  each a timeline span with its error's ``message`` (:meth:`TaskTimeline.errors_json`);
+- ``GET /api/v1/jobs/{id}/dead`` (``?limit=N`` per broker): the job's dead letters without their
+  bodies, as ``ListDeadLetters`` answers, read at most every few seconds per job
+  (:mod:`truba.scheduler.dead_answers`; 504 when the brokers do not answer in time);
 - ``GET /healthz``: ``ok`` while the scheduler serves.
 
 With a bearer token configured, every path but ``/healthz`` and the dashboard's static files
@@ -44,12 +49,13 @@ from google.protobuf import json_format
 from google.protobuf.message import Message
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.errors import SchedulerError
 from truba.scheduler.history import JobHistory
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.schedule_service import run_pb, schedule_pb
 from truba.scheduler.schedules import ScheduleBook
-from truba.scheduler.timeline import TaskTimeline
+from truba.scheduler.timeline import FAILURES, TaskTimeline
 from truba.scheduler.view import ClusterView
 
 log = logging.getLogger(__name__)
@@ -82,8 +88,10 @@ def build_app(
     token: str | None = None,
     timeline: TaskTimeline | None = None,
     schedules: ScheduleBook | None = None,
+    dead: DeadLetterAnswers | None = None,
 ) -> web.Application:
-    """The HTTP application over ``view``, ``metrics``, ``history``, ``timeline`` and ``schedules``."""
+    """The HTTP application over ``view``, ``metrics``, ``history``, ``timeline``, ``schedules``
+    and ``dead`` (None: dead letters are not served, 503)."""
     spans = timeline or TaskTimeline()
     middlewares: list[Middleware] = [_bearer(token)] if token else []
     app = web.Application(middlewares=middlewares)
@@ -136,6 +144,7 @@ def build_app(
             return web.json_response(view.running_json(request.match_info["job_id"], limit))
         except SchedulerError as exc:
             return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+
     async def all_schedules(request: web.Request) -> web.Response:
         if schedules is None:
             return web.json_response({"schedules": []})
@@ -153,6 +162,30 @@ def build_app(
         except SchedulerError as exc:
             return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
         return web.json_response({"runs": [_json(run_pb(run)) for run in runs]})
+
+    async def job_errors(request: web.Request) -> web.Response:
+        try:
+            found = view.job(request.match_info["job_id"])
+            limit = int(request.query.get("limit", "") or FAILURES)
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        except ValueError:
+            return web.json_response({"error": "limit: must be a number"}, status=400)
+        return web.json_response(spans.errors_json(found.id, limit))
+
+    async def job_dead(request: web.Request) -> web.Response:
+        if dead is None:
+            return web.json_response({"error": "dead letters are not served here"}, status=503)
+        try:
+            limit = int(request.query.get("limit", "0") or 0)
+            answer = await dead.answer(request.match_info["job_id"], limit)
+        except SchedulerError as exc:
+            return web.json_response({"error": str(exc)}, status=HTTP_STATUS.get(exc.code, 500))
+        except ValueError:
+            return web.json_response({"error": "limit: must be a number"}, status=400)
+        except TimeoutError:
+            return web.json_response({"error": "the brokers did not answer in time"}, status=504)
+        return web.json_response(answer)
 
     async def static(request: web.Request) -> web.Response:
         name = request.match_info.get("name", "index.html")
@@ -177,6 +210,8 @@ def build_app(
     app.router.add_get("/api/v1/jobs/{job_id}/running", job_running)
     app.router.add_get("/api/v1/schedules", all_schedules)
     app.router.add_get("/api/v1/schedules/{schedule_id}/runs", schedule_runs)
+    app.router.add_get("/api/v1/jobs/{job_id}/errors", job_errors)
+    app.router.add_get("/api/v1/jobs/{job_id}/dead", job_dead)
     app.router.add_get("/", static)
     app.router.add_get("/static/{name}", static)
     return app

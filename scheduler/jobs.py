@@ -158,7 +158,10 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
         request: jobs_pb2.ReportProgressRequest,
         context: grpc.aio.ServicerContext[jobs_pb2.ReportProgressRequest, jobs_pb2.ReportProgressResponse],
     ) -> jobs_pb2.ReportProgressResponse:
-        self._jobs.report_progress(request.job_id, request.submitted, request.received, request.delayed)
+        latency = (request.latency.counts, request.latency.sum) if request.HasField("latency") else None
+        self._jobs.report_progress(
+            request.job_id, request.submitted, request.received, request.delayed, latency
+        )
         return jobs_pb2.ReportProgressResponse()
 
     async def WatchJob(

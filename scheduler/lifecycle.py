@@ -216,9 +216,17 @@ class JobLifecycle:
         self._assigner.replan()
         return job
 
-    def report_progress(self, job_id: str, submitted: int, received: int, delayed: int = 0) -> None:
+    def report_progress(
+        self,
+        job_id: str,
+        submitted: int,
+        received: int,
+        delayed: int = 0,
+        latency: tuple[Sequence[int], float] | None = None,
+    ) -> None:
         """A client's task counters for a runnable job (they feed its demand; ``delayed`` tasks,
-        not due yet, do not).
+        not due yet, do not), and the outcomes it took by latency: ``(counts per bucket, sum)``,
+        cumulative (:mod:`truba.scheduler.outcome_latency`).
 
         Raises:
             InvalidArgument, NotFound: as :meth:`get`, or a count too large to store.
@@ -230,6 +238,8 @@ class JobLifecycle:
         job = self.get(job_id)
         if not job.runnable:
             raise FailedPrecondition(f"job {job.id!r} is {job.state.value.lower()}: no progress to report")
+        if latency is not None:
+            self.counters.latencies.report(job.id, *latency)
         if self.counters.client_report(job.id, submitted, received, self._clock(), delayed=delayed):
             log.debug(
                 "sched.job.progress",
@@ -276,6 +286,7 @@ class JobLifecycle:
         job = replace(job, state=state, finished_at=now)
         keep_until = now + self._keep_dead if self._keep_dead > 0 else None
         self._store.update(job, delete_queues=True, keep_dead_until=keep_until)
+        self.counters.latencies.forget(job.id)
         event = "sched.job.finished" if state is JobState.FINISHED else "sched.job.cancelled"
         log.info(event, extra={"job_id": job.id, "submitted": job.submitted})
         self.events.publish(job.id, EventKind.STATE)

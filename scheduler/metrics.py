@@ -12,7 +12,9 @@ in one process, as in tests, do not mix):
   (``truba_schedule_fire_lateness_seconds``).
 - **State** read at each scrape from :class:`~truba.scheduler.view.ClusterView`, the same read
   model the gRPC API shows: each runnable job's importance, fair share, assigned slots, backlog,
-  running tasks, outcomes, mean task time, and each connected daemon's slots and busy slots.
+  running tasks, outcomes, mean task time, and each connected daemon's slots and busy slots;
+  and each runnable job's outcome latency (``truba_job_outcome_latency_seconds``), a histogram
+  of the counts its client reports (:mod:`truba.latency`), exported as they are.
 
 Label cardinality is bounded: jobs are labelled by id while they are runnable (a finished job's
 series disappear with it; its revocation counts are forgotten then), daemons by id while
@@ -30,9 +32,10 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Final, final
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from truba.latency import LatencyCounts
 from truba.proto.v1 import daemons_pb2, jobs_pb2
 from truba.scheduler.view import ClusterView
 
@@ -131,10 +134,29 @@ class _ClusterCollector(Collector):
         self._revoked = revoked
 
     def describe(self) -> Iterable[Metric]:
-        return [*_job_families([], {}), *_daemon_families([])]
+        return [*_job_families([], {}), latency_family({}), *_daemon_families([])]
 
     def collect(self) -> Iterable[Metric]:
-        return [*_job_families(self._view.jobs(), self._revoked), *_daemon_families(self._view.daemons())]
+        jobs = self._view.jobs()
+        latencies = {job.id: self._view.latency(job.id) for job in jobs}
+        return [
+            *_job_families(jobs, self._revoked),
+            latency_family(latencies),
+            *_daemon_families(self._view.daemons()),
+        ]
+
+
+def latency_family(latencies: Mapping[str, LatencyCounts | None]) -> HistogramMetricFamily:
+    """``truba_job_outcome_latency_seconds`` of each job (all zero while its client reported none)."""
+    family = HistogramMetricFamily(
+        "truba_job_outcome_latency_seconds",
+        "Seconds from a task's submission to its outcome taken by the client, as the client reports.",
+        labels=["job_id"],
+    )
+    for job_id, latency in latencies.items():
+        counts = latency or LatencyCounts()
+        family.add_metric([job_id], counts.cumulative(), counts.sum)
+    return family
 
 
 def _job_families(jobs: list[jobs_pb2.Job], revoked: Mapping[tuple[str, str], int]) -> Iterator[Metric]:

@@ -42,6 +42,7 @@ from truba.scheduler.brokers import Brokers
 from truba.scheduler.call_metrics import CallCounter
 from truba.scheduler.counters import JobCounters
 from truba.scheduler.daemons import DaemonServicer
+from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
@@ -243,9 +244,9 @@ class Scheduler:
             ],
         )
         timeline = task_timeline.TaskTimeline()
+        dead_letters = DeadLetterReader(brokers, store)
         jobs_pb2_grpc.add_JobServiceServicer_to_server(
-            JobServicer(lifecycle, assigner, brokers.infos, DeadLetterReader(brokers, store), timeline),
-            server,
+            JobServicer(lifecycle, assigner, brokers.infos, dead_letters, timeline), server
         )
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(
             DaemonServicer(assigner, brokers.infos, timeline=timeline), server
@@ -274,8 +275,17 @@ class Scheduler:
             from truba.http_server import HttpServer
             from truba.scheduler.http_api import build_app
 
+            dead = DeadLetterAnswers(lifecycle.get, dead_letters)
             http = HttpServer(
-                build_app(view, self.metrics, history, token=config.token, timeline=timeline, schedules=book),
+                build_app(
+                    view,
+                    self.metrics,
+                    history,
+                    token=config.token,
+                    timeline=timeline,
+                    schedules=book,
+                    dead=dead,
+                ),
                 config.http,
                 started="sched.http.started",
             )

@@ -6,6 +6,11 @@ that left a job), each a ``truba.v1.Span`` (:mod:`truba.daemon.spans`). The sche
 at most :data:`JOBS` jobs (the least recently reported one goes first), and forgets a job
 :data:`KEEP` seconds after its last span arrived. ``dropped`` counts the spans a job lost to
 these bounds or to a daemon's per-heartbeat bound.
+
+Besides, the newest :data:`FAILURES` failed attempts of each job (an error, a retry, a timeout,
+a crash, a give-up) are kept apart with their error's message (the daemon sends at most
+:data:`~truba.daemon.spans.MESSAGE_CHARS` of it), for the dashboard's table of a job's errors:
+a job of many short good tasks does not push its failures out of sight.
 """
 
 from __future__ import annotations
@@ -28,6 +33,18 @@ ANSWER_BYTES: Final = 3 * 1024 * 1024
 """An answer's spans stay under this, encoded (gRPC's default limit per message is 4 MiB)."""
 _SPAN_BYTES: Final = 40
 """A span's encoded size besides its strings, at most (a little over, to be safe)."""
+FAILURES: Final = 200
+"""Failed attempts kept apart per job (the newest), with their error messages."""
+FAILED: Final = frozenset(
+    {
+        daemons_pb2.SPAN_OUTCOME_ERROR,
+        daemons_pb2.SPAN_OUTCOME_RETRIED,
+        daemons_pb2.SPAN_OUTCOME_TIMEOUT,
+        daemons_pb2.SPAN_OUTCOME_CRASHED,
+        daemons_pb2.SPAN_OUTCOME_GAVE_UP,
+    }
+)
+"""The outcomes of a failed attempt."""
 OUTCOMES: Final[dict[int, str]] = {
     int(value): name.removeprefix("SPAN_OUTCOME_").lower() for name, value in daemons_pb2.SpanOutcome.items()
 }
@@ -72,11 +89,22 @@ class Entry(NamedTuple):
         }
 
 
+class Failure(NamedTuple):
+    """A failed attempt as kept for the errors table: the span's facts and its error's message."""
+
+    entry: Entry
+    message: str
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.entry.to_json(), "message": self.message}
+
+
 @dataclass
 class _JobSpans:
     spans: deque[Entry]
     seen: float
     dropped: int = 0
+    failures: deque[Failure] = field(default_factory=lambda: deque(maxlen=FAILURES))
 
 
 @final
@@ -103,18 +131,19 @@ class TaskTimeline:
                 touched[span.job_id] = job
             if len(job.spans) == job.spans.maxlen:
                 job.dropped += 1
-            job.spans.append(
-                Entry(
-                    daemon_id,
-                    span.task_id,
-                    span.slot,
-                    span.start,
-                    span.end,
-                    span.outcome,
-                    span.attempt,
-                    span.error,
-                )
+            entry = Entry(
+                daemon_id,
+                span.task_id,
+                span.slot,
+                span.start,
+                span.end,
+                span.outcome,
+                span.attempt,
+                span.error,
             )
+            job.spans.append(entry)
+            if span.outcome in FAILED:
+                job.failures.append(Failure(entry, span.error_message))
         for job_id, job in touched.items():  # the most recently reported jobs come last
             job.seen = now
             job.dropped += dropped
@@ -154,6 +183,13 @@ class TaskTimeline:
             "dropped": dropped,
             "left_out": len(spans) - len(kept),
         }
+
+    def errors_json(self, job_id: str, limit: int = FAILURES) -> dict[str, object]:
+        """The job's newest failed attempts (at most ``limit``), newest first, each a span's
+        JSON with its error's ``message``, as the HTTP API's JSON."""
+        job = self._jobs.get(job_id)
+        failures = sorted(job.failures, key=lambda f: f.entry.end, reverse=True) if job else []
+        return {"job_id": job_id, "errors": [f.to_json() for f in failures[: max(0, limit)]]}
 
 
 def _newest(spans: list[Entry], limit: int) -> list[Entry]:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import final
 
+from truba.latency import LatencyCounts
 from truba.proto.v1 import daemons_pb2, jobs_pb2
 from truba.scheduler.assigner import Assigner
 from truba.scheduler.convert import job_pb
@@ -48,13 +49,22 @@ class ClusterView:
             ended=not job.runnable,
             all_outcomes=job.state is JobState.FINISHED and job.closed_at is not None,
         )
-        return job_pb(
+        shown = job_pb(
             job,
             assigned_slots=self._assigner.slots_of(job.id),
             problem=self._assigner.problem_of(job),
             counts=counts,
             fair_share=self._assigner.fair_share_of(job.id),
         )
+        latency = self.latency(job.id)
+        if latency is not None and latency.count:
+            shown.counts.outcome_latency_p50 = latency.quantile(0.5) or 0.0
+            shown.counts.outcome_latency_p99 = latency.quantile(0.99) or 0.0
+        return shown
+
+    def latency(self, job_id: str) -> LatencyCounts | None:
+        """The runnable job's outcomes by latency, as its client reported them (None: none yet)."""
+        return self._jobs.counters.latencies.of(job_id)
 
     def running(self, job_id: str, limit: int = 0) -> jobs_pb2.ListRunningResponse:
         """The job's task attempts in progress (:mod:`truba.scheduler.running`); raises

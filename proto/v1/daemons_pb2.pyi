@@ -366,6 +366,7 @@ class Span(_message.Message):
     OUTCOME_FIELD_NUMBER: _builtins.int
     ATTEMPT_FIELD_NUMBER: _builtins.int
     ERROR_FIELD_NUMBER: _builtins.int
+    ERROR_MESSAGE_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     task_id: _builtins.str
     slot: _builtins.int
@@ -377,6 +378,8 @@ class Span(_message.Message):
     """The attempt's number (1 for the first)."""
     error: _builtins.str
     """The error's type, when it ended with one."""
+    error_message: _builtins.str
+    """The start of the error's message (at most 300 characters)."""
     def __init__(
         self,
         *,
@@ -388,10 +391,11 @@ class Span(_message.Message):
         outcome: Global___SpanOutcome.ValueType = ...,
         attempt: _builtins.int = ...,
         error: _builtins.str = ...,
+        error_message: _builtins.str = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "end", b"end", "error", b"error", "job_id", b"job_id", "outcome", b"outcome", "slot", b"slot", "start", b"start", "task_id", b"task_id"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["attempt", b"attempt", "end", b"end", "error", b"error", "error_message", b"error_message", "job_id", b"job_id", "outcome", b"outcome", "slot", b"slot", "start", b"start", "task_id", b"task_id"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -190,6 +190,8 @@ class JobCounts(_message.Message):
     RUNNING_FIELD_NUMBER: _builtins.int
     BACKLOG_FIELD_NUMBER: _builtins.int
     SERVICE_TIME_FIELD_NUMBER: _builtins.int
+    OUTCOME_LATENCY_P50_FIELD_NUMBER: _builtins.int
+    OUTCOME_LATENCY_P99_FIELD_NUMBER: _builtins.int
     submitted: _builtins.int
     """Submitted so far, as the client reports it."""
     done: _builtins.int
@@ -201,6 +203,12 @@ class JobCounts(_message.Message):
     """Submitted and not yet run (an estimate: submitted - done - failed - running)."""
     service_time: _builtins.float
     """Seconds a task takes, moving average over daemons' reports (0: unknown)."""
+    outcome_latency_p50: _builtins.float
+    """Seconds from a task's submission to its outcome taken by the client, estimated from the
+    client's histogram (see OutcomeLatency) over the job so far: median and 99th percentile
+    (0: no outcome measured yet).
+    """
+    outcome_latency_p99: _builtins.float
     def __init__(
         self,
         *,
@@ -210,10 +218,12 @@ class JobCounts(_message.Message):
         running: _builtins.int = ...,
         backlog: _builtins.int = ...,
         service_time: _builtins.float = ...,
+        outcome_latency_p50: _builtins.float = ...,
+        outcome_latency_p99: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "done", b"done", "failed", b"failed", "running", b"running", "service_time", b"service_time", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["backlog", b"backlog", "done", b"done", "failed", b"failed", "outcome_latency_p50", b"outcome_latency_p50", "outcome_latency_p99", b"outcome_latency_p99", "running", b"running", "service_time", b"service_time", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -295,6 +305,7 @@ class ReportProgressRequest(_message.Message):
     SUBMITTED_FIELD_NUMBER: _builtins.int
     RECEIVED_FIELD_NUMBER: _builtins.int
     DELAYED_FIELD_NUMBER: _builtins.int
+    LATENCY_FIELD_NUMBER: _builtins.int
     job_id: _builtins.str
     submitted: _builtins.int
     """Tasks submitted so far (monotonic; a smaller value than the last is ignored)."""
@@ -302,6 +313,10 @@ class ReportProgressRequest(_message.Message):
     """Outcomes the client has taken so far."""
     delayed: _builtins.int
     """Tasks submitted with a delay that are not due yet (not demand for slots until they are)."""
+    @_builtins.property
+    def latency(self) -> Global___OutcomeLatency:
+        """The outcomes this client took so far, by latency."""
+
     def __init__(
         self,
         *,
@@ -309,14 +324,46 @@ class ReportProgressRequest(_message.Message):
         submitted: _builtins.int = ...,
         received: _builtins.int = ...,
         delayed: _builtins.int = ...,
+        latency: Global___OutcomeLatency | None = ...,
     ) -> None: ...
-    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    _HasFieldArgType: _TypeAlias = _typing.Literal["latency", b"latency"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["delayed", b"delayed", "job_id", b"job_id", "received", b"received", "submitted", b"submitted"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["delayed", b"delayed", "job_id", b"job_id", "latency", b"latency", "received", b"received", "submitted", b"submitted"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
 Global___ReportProgressRequest: _TypeAlias = ReportProgressRequest  # noqa: Y015
+
+@_typing.final
+class OutcomeLatency(_message.Message):
+    """Outcomes by their latency: seconds from a task's submission (its due time, for a delayed
+    task) to the moment the client took its outcome, on the client's clock. counts[i] is the
+    outcomes above the bound before i and at most the bound i of truba.latency.BOUNDS (5 ms ..
+    1 h); the last one, those above the last bound. Cumulative since the client process opened
+    the job.
+    """
+
+    DESCRIPTOR: _descriptor.Descriptor
+
+    COUNTS_FIELD_NUMBER: _builtins.int
+    SUM_FIELD_NUMBER: _builtins.int
+    sum: _builtins.float
+    """Their latencies added up, seconds."""
+    @_builtins.property
+    def counts(self) -> _containers.RepeatedScalarFieldContainer[_builtins.int]: ...
+    def __init__(
+        self,
+        *,
+        counts: _abc.Iterable[_builtins.int] | None = ...,
+        sum: _builtins.float = ...,
+    ) -> None: ...
+    _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
+    def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["counts", b"counts", "sum", b"sum"]  # noqa: Y015
+    def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
+    def WhichOneof(self, oneof_group: _Never) -> None: ...
+
+Global___OutcomeLatency: _TypeAlias = OutcomeLatency  # noqa: Y015
 
 @_typing.final
 class ReportProgressResponse(_message.Message):

@@ -138,12 +138,13 @@ function renderDaemons(daemons) {
   document.getElementById("no-daemons").hidden = daemons.length > 0;
 }
 
-// A line chart of several series [{name, color, points: [[t, v], ...]}] over the last minutes.
+// A line chart of several series [{name, color, points: [[t, v], ...]}] over the last minutes;
+// a null value is a gap in its line (e.g. no outcome, so no latency, in those seconds).
 function chart(svg, series, { digits = 0 } = {}) {
   const width = svg.clientWidth || 300;
   const height = svg.clientHeight || 140;
   const pad = { left: 44, right: 6, top: 6, bottom: 16 };
-  const all = series.flatMap((s) => s.points);
+  const all = series.flatMap((s) => s.points).filter((p) => p[1] !== null && p[1] !== undefined);
   const ns = "http://www.w3.org/2000/svg";
   svg.replaceChildren();
   svg.setAttribute("viewBox", `0 0 ${width} ${height}`);
@@ -170,8 +171,17 @@ function chart(svg, series, { digits = 0 } = {}) {
   add("text", { x: pad.left, y: height - 3 }, `${fmt((t1 - t0) / 60, 1)} min`);
   add("text", { x: width - pad.right - 22, y: height - 3 }, "now");
   series.forEach((s, i) => {
-    if (!s.points.length) return;
-    const d = s.points.map((p, k) => `${k ? "L" : "M"}${x(p[0]).toFixed(1)},${y(p[1]).toFixed(1)}`).join("");
+    let d = "";
+    let pen = "M";
+    for (const [t, v] of s.points) {
+      if (v === null || v === undefined) {
+        pen = "M";
+        continue;
+      }
+      d += `${pen}${x(t).toFixed(1)},${y(v).toFixed(1)}`;
+      pen = "L";
+    }
+    if (!d) return;
     add("path", { d, fill: "none", stroke: s.color || COLORS[i % COLORS.length], "stroke-width": 1.6 });
   });
   if (series.length > 1 && series.length <= 8) {
@@ -192,8 +202,16 @@ function seriesOf(history, field) {
 
 function renderOverviewCharts(history) {
   chart(document.getElementById("chart-rate"), seriesOf(history, "rate"), { digits: 1 });
+  chart(document.getElementById("chart-latency"), seriesOf(history, "latency_p99"), { digits: 3 });
   chart(document.getElementById("chart-backlog"), seriesOf(history, "backlog"));
   chart(document.getElementById("chart-slots"), seriesOf(history, "assigned_slots"));
+}
+
+// The job's outcome latency so far (the client's histogram), as "12.5 ms / 1.20 s".
+function latencyFact(counts) {
+  const seconds = (v) => (v < 1 ? `${fmt(v * 1000, 1)} ms` : `${fmt(v, 2)} s`);
+  const p50 = num(counts.outcome_latency_p50);
+  return p50 ? `${seconds(p50)} / ${seconds(num(counts.outcome_latency_p99))}` : "—";
 }
 
 function renderJob(job, points) {
@@ -209,6 +227,7 @@ function renderJob(job, points) {
     ["done / failed", `${fmt(num(c.done))} / ${fmt(num(c.failed))}`],
     ["running / backlog", `${fmt(num(c.running))} / ${fmt(num(c.backlog))}`],
     ["task time", num(c.service_time) ? `${fmt(num(c.service_time) * 1000, 1)} ms` : "—"],
+    ["outcome latency p50 / p99", latencyFact(c)],
     ["preemption", (s.preemption || "").replace("PREEMPTION_", "").toLowerCase() || "graceful"],
     ["task timeout", num(s.task_timeout) ? `${num(s.task_timeout)} s` : "none"],
     ["max attempts", num(s.max_attempts) || "default"],
@@ -219,6 +238,14 @@ function renderJob(job, points) {
   );
   const at = (field) => points.map((p) => [p.at, p[field]]);
   chart(document.getElementById("job-rate"), [{ name: "tasks/s", points: at("rate") }], { digits: 1 });
+  chart(
+    document.getElementById("job-latency"),
+    [
+      { name: "p50", points: at("latency_p50") },
+      { name: "p99", points: at("latency_p99") },
+    ],
+    { digits: 3 }
+  );
   chart(document.getElementById("job-backlog"), [
     { name: "backlog", points: at("backlog") },
     { name: "running", points: at("running") },
@@ -276,7 +303,8 @@ async function refresh() {
     if (route) {
       const job = await api("api/v1/jobs/" + route[1]);
       renderJob(job, history[route[1]] || []);
-      await refreshTimeline(route[1]);
+      refreshDead(route[1]);
+      await Promise.all([refreshTimeline(route[1]), refreshErrors(route[1])]);
     } else {
       renderJobs(jobs, history);
       renderSchedules(schedules);

@@ -1,6 +1,7 @@
 """The dashboard in a real browser (Debian's headless Chromium) against a running cluster: the page
-loads with no console error, shows a job's live numbers and its page with its timeline; a
-screenshot of each view is saved to ``$TRUBA_ARTIFACTS`` (default ``.artifacts/``)."""
+loads with no console error, shows a job's live numbers and outcome latency, its page with its
+timeline, and a failing job's page with its failed attempts and dead letters; a screenshot of
+each view is saved to ``$TRUBA_ARTIFACTS`` (default ``.artifacts/``)."""
 
 from __future__ import annotations
 
@@ -103,6 +104,10 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         for _ in range(300):
             job.submit(0.05)  # about 4 s on 4 slots: the page sees them run, even on a busy machine
         schedule = client.create_schedule("tests.handlers.basic:square", every=0.5, payload=3, name="ticks")
+        # A job whose first task fails and whose second kills its slot on its only attempt (given up)
+        faults = client.create_job(handler="tests.handlers.basic:behave", name="faults", max_attempts=1)
+        failing = faults.submit(["raise", "the dashboard shows this"])
+        dead = faults.submit(["exit", 3])
         browser.get(base)
         row = f"job-{job.id}"
         eventually(lambda: browser.find_element(By.ID, row), "the job's row")
@@ -118,11 +123,19 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
         eventually(lambda: int(cell(browser, ticks, "runs").replace(",", "") or 0) > runs, "runs to grow")
         eventually(lambda: cell(browser, ticks, "outcome") == "ok", "an ok run")
         eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart-rate path"), "a throughput line")
+        # Outcomes taken: the client reports their latency, drawn per job
+        results = cast(Generator[Outcome, None, None], job.results())
+        for _ in range(40):
+            assert next(results).ok
+        eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#chart-latency path"), "a latency line")
         browser.save_screenshot(str(ARTIFACTS / "dashboard-overview.png"))
         browser.find_element(By.LINK_TEXT, job.id).click()
         eventually(lambda: browser.find_element(By.ID, "job-title").text.startswith(job.id), "the job page")
         assert browser.find_element(By.ID, "fact-handler").text == "tests.handlers.basic:sleep"
         eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#job-backlog path"), "the job's charts")
+        eventually(lambda: browser.find_elements(By.CSS_SELECTOR, "#job-latency path"), "its latency chart")
+        latency = browser.find_element(By.ID, "fact-outcome-latency-p50-p99").text
+        assert re.fullmatch(r"[\d.,]+ m?s / [\d.,]+ m?s", latency), latency
         # The timeline: a bar per task attempt on the daemons' slot lanes, live, with its legend
         bars = eventually(
             lambda: browser.find_elements(By.CSS_SELECTOR, "#job-timeline rect.tl-span.tl-ok"),
@@ -141,11 +154,37 @@ def test_the_dashboard_shows_a_running_job_live_and_its_page(
             "preempted (put back)" in browser.find_element(By.CSS_SELECTOR, "#job-timeline .tl-legend").text
         )
         browser.save_screenshot(str(ARTIFACTS / "dashboard-job.png"))
-        results = cast(Generator[Outcome, None, None], job.results())
-        for _ in range(320):
+        for _ in range(280):
             assert next(results).ok
         results.close()
         job.close()
         schedule.delete()
+        # The failing job's page: its failed attempt with its error, its dead letter
+        browser.get(f"{base}#job/{faults.id}")
+        error_row = eventually(
+            lambda: [
+                r.text
+                for r in browser.find_elements(By.CSS_SELECTOR, "#job-errors tbody tr")
+                if failing in r.text
+            ],
+            "the failed attempt",
+        )[0]
+        assert "ValueError: the dashboard shows this" in error_row and (
+            "d0 ·" in error_row or "d1 ·" in error_row
+        )
+        dead_row = eventually(
+            lambda: [
+                r.text for r in browser.find_elements(By.CSS_SELECTOR, "#job-dead tbody tr") if dead in r.text
+            ],
+            "the dead letter",
+            timeout=30.0,
+        )[0]
+        assert "gave up" in dead_row and "SlotDied" in dead_row, dead_row
+        browser.execute_script("document.getElementById('job-errors').scrollIntoView()")
+        browser.save_screenshot(str(ARTIFACTS / "dashboard-job-faults.png"))
+        faults.close()
+        outcomes = {o.task_id: o for o in faults.results()}
+        assert not outcomes[failing].ok and outcomes[dead].gave_up
     assert severe(browser) == [], "the page logged errors"
     assert (ARTIFACTS / "dashboard-job.png").stat().st_size > 10_000
+    assert (ARTIFACTS / "dashboard-job-faults.png").stat().st_size > 10_000

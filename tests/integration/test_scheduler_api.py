@@ -137,6 +137,16 @@ async def test_reported_progress_sets_demand_and_a_job_that_needs_less_gives_slo
 ) -> None:
     daemon = FakeDaemon(channel, "node-p", 4, ["examples.*"])
     assert (await daemon.receive()).HasField("welcome")
+    # The daemon stays alive however slow the machine (creating a job declares queues on every
+    # broker: under load the test outlived three heartbeat intervals with none sent)
+    stats: list[daemons_pb2.JobStats] = []
+
+    async def beat() -> None:
+        while True:
+            daemon.send_heartbeat(stats=stats)
+            await asyncio.sleep(0.2)
+
+    beating = asyncio.create_task(beat())
     small = (await create(jobs)).job
     big = (await create(jobs)).job
     await latest_assignment(daemon, {small.id: 2, big.id: 2})
@@ -145,7 +155,8 @@ async def test_reported_progress_sets_demand_and_a_job_that_needs_less_gives_slo
     await latest_assignment(daemon, {small.id: 1, big.id: 3})
     # Daemons report it done and the client took its outcome: no demand left, all slots go
     # to the big job (with the outcome not taken yet, the job would keep one slot to probe with)
-    daemon.send_heartbeat(stats=[daemons_pb2.JobStats(job_id=small.id, done=1)])
+    stats.append(daemons_pb2.JobStats(job_id=small.id, done=1))
+    daemon.send_heartbeat(stats=stats)
     await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1, received=1))
     await latest_assignment(daemon, {big.id: 4})
     got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=small.id))
@@ -154,6 +165,7 @@ async def test_reported_progress_sets_demand_and_a_job_that_needs_less_gives_slo
         jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=2**63))
     )
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("submitted: ")
+    beating.cancel()
     daemon.end()
     for job in (small, big):
         await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))

@@ -78,22 +78,29 @@ def test_metrics_follow_a_job_as_its_tasks_run_and_promtool_accepts_them(cluster
         outcomes = [next(results) for _ in range(200)]
         results.close()
         assert all(o.ok for o in outcomes)
-        # Daemons report in heartbeats (every 0.5 s here): wait for the counters to catch up.
+        # Daemons report in heartbeats (every 0.5 s here), the client its progress and outcome
+        # latency (every 0.25 s): wait for the counters to catch up. The last outcome is taken
+        # only when the next is asked for (here never: it is put back), so 199 have a latency.
         deadline = time.monotonic() + 15
         while True:
             after = fetch(f"{base}/metrics")
             done = sample(after, "truba_job_attempts_total", job_id=job.id, result="ok")
-            if done >= 200 or time.monotonic() > deadline:
+            timed = sample(after, "truba_job_outcome_latency_seconds_count", job_id=job.id)
+            if (done >= 200 and timed >= 199) or time.monotonic() > deadline:
                 break
             time.sleep(0.2)
-        assert done == 200
+        assert done == 200 and timed >= 199
+        assert sample(after, "truba_job_outcome_latency_seconds_bucket", job_id=job.id, le="+Inf") == timed
+        assert 0 < sample(after, "truba_job_outcome_latency_seconds_sum", job_id=job.id) < timed * 60
         assert sample(after, "truba_job_submitted_tasks_total", job_id=job.id) == 200
         assert sample(after, "truba_job_assigned_slots", job_id=job.id) > 0
         assert sample(after, "truba_scheduler_plan_duration_seconds_count") > 0
         assert sample(after, "truba_scheduler_grpc_calls_total", method="CreateJob", code="OK") == 1
         listed = json.loads(fetch(f"{base}/api/v1/jobs"))["jobs"]
         assert [j["id"] for j in listed] == [job.id]
-        assert json.loads(fetch(f"{base}/api/v1/jobs/{job.id}"))["counts"]["submitted"] == "200"
+        counts = json.loads(fetch(f"{base}/api/v1/jobs/{job.id}"))["counts"]
+        assert counts["submitted"] == "200"
+        assert 0 < counts["outcome_latency_p50"] <= counts["outcome_latency_p99"] < 60
         daemons = json.loads(fetch(f"{base}/api/v1/daemons"))["daemons"]
         assert sorted(d["daemon_id"] for d in daemons) == ["d0", "d1"]
         job.close()

@@ -47,6 +47,8 @@ class FakeScheduler:
         self.progress: list[tuple[str, int, int]] = []
         self.delayed: list[int] = []
         """The delayed count of each progress report, in order."""
+        self.latencies: list[jobs_pb2.OutcomeLatency] = []
+        """The outcome latency of each progress report, in order."""
         """ReportProgress calls answered: (job id, submitted, received)."""
         self._failing: dict[str, list[grpc.StatusCode]] = {}
         self.watch_hangs = False
@@ -137,6 +139,7 @@ class FakeScheduler:
         self._live(request.job_id)
         self.progress.append((request.job_id, request.submitted, request.received))
         self.delayed.append(request.delayed)
+        self.latencies.append(request.latency)
         return jobs_pb2.ReportProgressResponse()
 
     async def CloseJob(self, request: jobs_pb2.CloseJobRequest, **_: object) -> jobs_pb2.Job:

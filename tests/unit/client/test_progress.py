@@ -9,6 +9,7 @@ import grpc
 
 from tests.unit.client.fakes import FakeScheduler
 from truba.client.progress import ProgressReporter
+from truba.latency import BOUNDS, BUCKETS
 from truba.proto.v1 import jobs_pb2
 
 
@@ -71,3 +72,23 @@ async def test_a_job_that_ended_stops_the_reporter() -> None:
     reporter.poke()  # stopped for good: no new reporter
     await asyncio.sleep(0.05)
     assert scheduler.calls.count("ReportProgress") == 1 and scheduler.progress == []
+
+
+async def test_each_report_carries_the_outcomes_taken_by_latency_so_far() -> None:
+    scheduler = FakeScheduler()
+    job_id = await started_job(scheduler)
+    received = [0]
+    reporter = ProgressReporter(scheduler.stub, job_id, lambda: (2, received[0], 0), interval=0.01)
+    reporter.latency.observe(0.02)
+    received[0] = 1
+    reporter.poke()
+    await until(lambda: scheduler.progress and scheduler.progress[-1] == (job_id, 2, 1))
+    first = scheduler.latencies[-1]
+    assert sum(first.counts) == 1 and first.counts[BOUNDS.index(0.025)] == 1 and first.sum == 0.02
+    reporter.latency.observe(7.0)
+    received[0] = 2
+    reporter.poke()
+    await until(lambda: scheduler.progress[-1] == (job_id, 2, 2))
+    assert sum(scheduler.latencies[-1].counts) == 2  # cumulative: a lost report loses nothing
+    assert len(scheduler.latencies[-1].counts) == BUCKETS
+    await reporter.stop()

@@ -3,12 +3,14 @@ hand (at most ACK_BATCH), at once otherwise; the job finished once every outcome
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 from truba.client.journal import MemoryJournal
 from truba.client.lifecycle import JobStatus
 from truba.client.reach import Reach
 from truba.client.result_stream import ACK_BATCH, ResultStream
+from truba.latency import BOUNDS, LatencyCounts
 from truba.pipes.frame import FrameListener, pack
 from truba.pipes.serialize import DeserializeListener
 from truba.pipes.testing import FakeListener
@@ -34,6 +36,9 @@ class SpyJournal:
     def outstanding(self) -> list[str]:
         return self.inner.outstanding()
 
+    def started(self, task_id: str) -> float:
+        return self.inner.started(task_id)
+
     def settle(self, task_id: str) -> bool:
         self.forgotten += 1
         return self.inner.settle(task_id)
@@ -42,11 +47,13 @@ class SpyJournal:
         self.flushes.append((self.forgotten, len(self.acked)))
 
 
-async def rig(ids: Iterable[str]) -> tuple[FakeListener[bytes], SpyJournal, ResultStream, list[str]]:
+async def rig(
+    ids: Iterable[str], *, latency: LatencyCounts | None = None, started: float = 0.0
+) -> tuple[FakeListener[bytes], SpyJournal, ResultStream, list[str]]:
     fake: FakeListener[bytes] = FakeListener()
     journal = SpyJournal(fake.acked)
     for task_id in ids:
-        await journal.inner.record(task_id, b"")
+        await journal.inner.record(task_id, b"", started)
     ended: list[str] = []
 
     async def done() -> None:
@@ -68,6 +75,7 @@ async def rig(ids: Iterable[str]) -> tuple[FakeListener[bytes], SpyJournal, Resu
         poll=poll,
         on_done=done,
         reach=Reach(),
+        latency=latency,
     )
     return fake, journal, stream, ended
 
@@ -107,3 +115,23 @@ async def test_a_result_whose_task_has_its_outcome_is_dropped_and_acked() -> Non
     fake.push(result("a"))
     assert [outcome.task_id async for outcome in stream.outcomes()] == ["a"]
     assert sorted(fake.acked) == sorted([result("z"), result("a")]) and ended == ["finished"]
+
+
+async def test_each_outcome_taken_counts_its_seconds_since_its_task_was_submitted() -> None:
+    latency = LatencyCounts()
+    submitted = time.monotonic() - 2.0  # two seconds ago, on the clock the stream reads
+    fake, journal, stream, _ = await rig(["a", "b"], latency=latency, started=submitted)
+    fake.push(result("a"))
+    fake.push(result("a"))  # a duplicate: no outcome, no latency
+    fake.push(result("b"))
+    assert [outcome.task_id async for outcome in stream.outcomes()] == ["a", "b"]
+    assert latency.count == 2 and latency.counts[BOUNDS.index(2.5)] == 2
+    assert 4.0 <= latency.sum < 2 * 2.5
+
+
+async def test_an_outcome_whose_submission_time_is_unknown_is_not_counted() -> None:
+    latency = LatencyCounts()  # a task recovered from the journal after a crash: no start known
+    fake, _, stream, _ = await rig(["a"], latency=latency)
+    fake.push(result("a"))
+    assert [outcome.task_id async for outcome in stream.outcomes()] == ["a"]
+    assert latency.count == 0

@@ -11,7 +11,7 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
-from truba.daemon.spans import SpanLog
+from truba.daemon.spans import MESSAGE_CHARS, SpanLog
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.proto.v1 import daemons_pb2
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
@@ -85,6 +85,14 @@ async def test_each_attempt_is_a_span_with_its_slot_times_and_how_it_ended(runne
     assert all(s.job_id == "j1" and s.slot == 3 and s.attempt == 1 for s in spans)
     assert 0 < good.start <= good.end <= bad.start <= bad.end
     assert bad.error == "ValueError" and good.error == ""
+    assert bad.error_message == "negative one is not welcome here" and good.error_message == ""
+
+
+def test_a_failed_attempts_message_is_cut_to_its_bound() -> None:
+    log = SpanLog()
+    log.for_job("j1").attempt("t1", 0, 1.0, 2.0, daemons_pb2.SPAN_OUTCOME_ERROR, 1, "E", "x" * 10_000)
+    (span,), _ = log.take()
+    assert (span.error, span.error_message) == ("E", "x" * MESSAGE_CHARS)
 
 
 async def test_a_crash_then_a_give_up_are_spans_of_their_own(runner: Made) -> None:
@@ -98,6 +106,7 @@ async def test_a_crash_then_a_give_up_are_spans_of_their_own(runner: Made) -> No
         (1, "SPAN_OUTCOME_CRASHED", "SlotDied"),
         (2, "SPAN_OUTCOME_GAVE_UP", "SlotDied"),
     ]
+    assert all(s.error_message for s in spans)  # what the slot's death said
 
 
 async def test_an_immediate_preemption_is_a_preempted_span_and_the_slot_leaving_is_marked(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,9 +12,15 @@ import psycopg
 import pytest
 
 from tests.postgres import LocalPostgres
-from tests.unit.scheduler.fakes import FakeCluster, ManualClock, make_fake_cluster
+from tests.unit.scheduler.fakes import FakeCluster, ManualClock, make_fake_cluster, no_sleep
+from truba.backoff import Backoff
+from truba.scheduler.assigner import Assigner
+from truba.scheduler.janitor import QueueJanitor
+from truba.scheduler.lifecycle import JobLifecycle
+from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.store import JobStore, SqliteJobStore
 from truba.scheduler.store_postgres import PostgresJobStore
+from truba.scheduler.view import ClusterView
 
 
 @pytest.fixture
@@ -32,6 +38,25 @@ def store(tmp_path: Path) -> Iterator[SqliteJobStore]:
 @pytest.fixture
 def clock() -> ManualClock:
     return ManualClock()
+
+
+@dataclass
+class Scheduled:
+    """A job lifecycle over fake brokers (dead letters deleted with a job) and its read model."""
+
+    jobs: JobLifecycle
+    view: ClusterView
+
+
+@pytest.fixture
+async def scheduled(
+    cluster: FakeCluster, store: SqliteJobStore, clock: ManualClock
+) -> AsyncIterator[Scheduled]:
+    assigner = Assigner(DaemonRegistry(), store.list, heartbeat_interval=1.0, clock=clock, event_delay=0)
+    janitor = QueueJanitor(cluster.brokers, store, backoff=Backoff(attempts=None, sleep=no_sleep))
+    jobs = JobLifecycle(store, cluster.brokers, janitor, assigner, clock=clock, delete_wait=1.0, keep_dead=0)
+    yield Scheduled(jobs, ClusterView(jobs, assigner))
+    await janitor.close()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import aiohttp
 import grpc
@@ -11,7 +12,7 @@ import pytest
 
 from truba.proto.v1 import daemons_pb2, jobs_pb2, jobs_pb2_grpc
 from truba.scheduler import Scheduler, SchedulerConfig
-from truba.scheduler.timeline import TaskTimeline
+from truba.scheduler.timeline import FAILURES, TaskTimeline
 
 
 def span(
@@ -105,3 +106,34 @@ async def test_the_timeline_of_an_unknown_job_is_refused_over_grpc_and_http(tmp_
         url = f"http://{scheduler.http_address}/api/v1/jobs/nope/timeline"
         async with aiohttp.ClientSession() as session, session.get(url) as response:
             assert response.status == 404
+
+
+def errors(timeline: TaskTimeline, job_id: str, limit: int = FAILURES) -> list[dict[str, object]]:
+    return cast(list[dict[str, object]], timeline.errors_json(job_id, limit)["errors"])
+
+
+def test_failed_attempts_are_kept_apart_with_their_messages_newest_first() -> None:
+    timeline = TaskTimeline(per_job=10)
+    failed = span("j1", "bad", 5.0, daemons_pb2.SPAN_OUTCOME_ERROR)
+    failed.error, failed.error_message = "ValueError", "no such thing"
+    gave_up = span("j1", "dead", 6.0, daemons_pb2.SPAN_OUTCOME_GAVE_UP)
+    timeline.report("d1", [failed, gave_up, span("j1", "ok", 7.0)])
+    # many good attempts push the failures out of the timeline, not out of the errors
+    timeline.report("d2", [span("j1", f"t{i}", 10.0 + i) for i in range(20)])
+    assert "bad" not in {e.task_id for e in timeline.of("j1")[0]}
+    kept = errors(timeline, "j1")
+    assert [(e["task_id"], e["outcome"], e["error"], e["message"]) for e in kept] == [
+        ("dead", "gave_up", "", ""),
+        ("bad", "error", "ValueError", "no such thing"),
+    ]
+    assert (kept[1]["daemon_id"], kept[1]["attempt"], kept[1]["end"]) == ("d1", 1, 5.0)
+    assert len(errors(timeline, "j1", limit=1)) == 1
+    assert timeline.errors_json("nobody") == {"job_id": "nobody", "errors": []}
+
+
+def test_the_failures_kept_per_job_are_bounded() -> None:
+    timeline = TaskTimeline()
+    timeout = daemons_pb2.SPAN_OUTCOME_TIMEOUT
+    timeline.report("d1", [span("j1", f"t{i}", float(i), timeout) for i in range(FAILURES + 50)])
+    kept = errors(timeline, "j1", limit=10_000)
+    assert len(kept) == FAILURES and kept[0]["task_id"] == f"t{FAILURES + 49}"
