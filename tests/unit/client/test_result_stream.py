@@ -53,7 +53,7 @@ async def rig(
     fake: FakeListener[bytes] = FakeListener()
     journal = SpyJournal(fake.acked)
     for task_id in ids:
-        await journal.inner.record(task_id, b"", started)
+        await journal.inner.record(task_id, b"", start=started)
     ended: list[str] = []
 
     async def done() -> None:
