@@ -18,6 +18,17 @@ PROTO_DIR = SOURCE_ROOT / "truba" / "v1"
 _IMPORT = re.compile(r"^from truba\.v1 import ", re.MULTILINE)
 
 
+def _plugins() -> list[str]:
+    """Points protoc at mypy-protobuf's plugins beside this Python (a venv's bin/), PATH or not."""
+    bin_dir = Path(sys.executable).parent
+    found = []
+    for name in ("protoc-gen-mypy", "protoc-gen-mypy_grpc"):
+        plugin = bin_dir / name
+        if plugin.exists():
+            found.append(f"--plugin={name}={plugin}")
+    return found
+
+
 def generate(out_dir: Path) -> list[Path]:
     """Writes the generated modules for every .proto file into ``out_dir``; returns their paths."""
     from grpc_tools import protoc  # dev dependency: imported only when generating
@@ -27,6 +38,7 @@ def generate(out_dir: Path) -> list[Path]:
     with tempfile.TemporaryDirectory() as tmp:
         args = [
             "protoc",
+            *_plugins(),
             f"-I{SOURCE_ROOT}",
             f"-I{include}",
             f"--python_out={tmp}",
