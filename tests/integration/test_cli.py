@@ -50,6 +50,14 @@ def truba(*argv: str, env: dict[str, str] | None = None) -> subprocess.Completed
     )
 
 
+def startup_seconds() -> float:
+    """How long `truba --help` takes now: the interpreter and imports, which a loaded machine
+    stretches to seconds; the bounds below are on the waits after them."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-m", "truba", "--help"], cwd=REPO, capture_output=True, timeout=30)
+    return time.monotonic() - began
+
+
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A port that accepts connections and never answers."""
@@ -63,6 +71,7 @@ def silent_port() -> Iterator[int]:
 def test_every_verb_on_a_dead_address_prints_one_line_and_exits_69_within_5_s(argv: list[str]) -> None:
     # `truba jobs` printed a 45-line traceback here; the address comes from $TRUBA_SCHEDULER
     dead = f"127.0.0.1:{free_port()}"
+    startup = startup_seconds()
     began = time.monotonic()
     done = truba(*argv, env={"TRUBA_SCHEDULER": dead})
     elapsed = time.monotonic() - began
@@ -70,18 +79,19 @@ def test_every_verb_on_a_dead_address_prints_one_line_and_exits_69_within_5_s(ar
     assert done.stdout == ""
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert done.stderr.startswith(f"truba {argv[0]}: scheduler {dead}: unreachable")
-    assert elapsed < 5, elapsed
+    assert elapsed < max(5, startup + 2), (elapsed, startup)
 
 
 @pytest.mark.parametrize("argv", VERBS, ids=lambda argv: "-".join(argv).replace("--", ""))
 def test_a_port_that_accepts_and_never_answers_gives_up_within_5_s(silent_port: int, argv: list[str]) -> None:
     # It used to wait 20 s
+    startup = startup_seconds()
     began = time.monotonic()
     done = truba(*argv, "--scheduler", f"127.0.0.1:{silent_port}")
     elapsed = time.monotonic() - began
     assert done.returncode == UNAVAILABLE, done.stderr
     assert done.stderr == f"truba {argv[0]}: scheduler 127.0.0.1:{silent_port}: no answer within 3 s\n"
-    assert elapsed < 5, elapsed
+    assert elapsed < max(5, startup + 4), (elapsed, startup)
 
 
 async def test_the_verbs_against_a_real_cluster_tell_the_truth_in_tables_and_json(
