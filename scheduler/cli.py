@@ -143,6 +143,7 @@ def main(args: argparse.Namespace) -> int:
     """Runs the scheduler described by ``args`` until SIGINT/SIGTERM; returns the exit code."""
     logs.setup(args.log_level, args.log_format)
     # A scheduler that stepped down re-executes itself on the addresses it served (scheduler.ha).
+    stepped_down = ha.LISTEN_ENV in os.environ
     listen = os.environ.pop(ha.LISTEN_ENV, None) or args.listen
     http = os.environ.pop(ha.HTTP_ENV, None) or args.http
     try:
@@ -166,6 +167,8 @@ def main(args: argparse.Namespace) -> int:
         log.error("sched.bad_args", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 2
+    if config.store is not None:
+        return asyncio.run(_serve_ha(config, stepped_down=stepped_down))
     return asyncio.run(_serve(config))
 
 
@@ -191,8 +194,6 @@ def _token(path: Path | None) -> str | None:
 
 
 async def _serve(config: SchedulerConfig) -> int:
-    if config.store is not None:
-        return await _serve_ha(config)
     scheduler = Scheduler(config)
     try:
         await scheduler.start()
@@ -217,14 +218,14 @@ async def _serve(config: SchedulerConfig) -> int:
     return 0
 
 
-async def _serve_ha(config: SchedulerConfig) -> int:
+async def _serve_ha(config: SchedulerConfig, *, stepped_down: bool) -> int:
     """A scheduler on PostgreSQL: leads, or stands by until it may (:mod:`truba.scheduler.ha`)."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
     try:
-        return await ha.serve(config, stop, lambda line: print(line, flush=True))
+        return await ha.serve(config, stop, lambda line: print(line, flush=True), stepped_down=stepped_down)
     except (RuntimeError, SchedulerError) as exc:  # cannot bind, state directory in use, store down
         log.error("sched.start_failed", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Final, NoReturn, TypeVar
 
 from truba.scheduler.election import Elector
+from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.lease import Leadership
 from truba.scheduler.server import SERVICES, Scheduler, SchedulerConfig
 from truba.scheduler.standby import StandbyFace
@@ -64,8 +65,14 @@ def step_down(listen: str, http: str | None, reason: str) -> NoReturn:
     os.execve(sys.executable, sys.orig_argv, env)
 
 
-async def serve(config: SchedulerConfig, stop: asyncio.Event, say: Callable[[str], None]) -> int:
+async def serve(
+    config: SchedulerConfig, stop: asyncio.Event, say: Callable[[str], None], *, stepped_down: bool = False
+) -> int:
     """Leads or stands by until ``stop`` is set; returns the exit code (steps down by re-exec).
+
+    ``stepped_down``: this process is the re-exec of a leader that stepped down; a store it
+    cannot reach is tried again every second (the cause of the step-down may be a partition)
+    instead of ending the command.
 
     Raises:
         StoreUnavailable, StoreTooNew: the store cannot be used.
@@ -76,7 +83,18 @@ async def serve(config: SchedulerConfig, stop: asyncio.Event, say: Callable[[str
     assert config.store is not None
     # Reach the database and apply the schema steps (the lease's table among them) first: a
     # store unreachable at start ends the command with one line, as for a lone scheduler.
-    store, _ = open_store(config.store, config.state_dir, timeout=config.store_timeout)
+    while True:
+        try:
+            store, _ = open_store(config.store, config.state_dir, timeout=config.store_timeout)
+            break
+        except StoreUnavailable as exc:
+            if not stepped_down:
+                raise
+            log.warning("sched.store.unreachable", extra={"error": str(exc)})
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), 1.0)
+            if stop.is_set():
+                return 0
     store.close()
     lease = PostgresLease(config.store, timeout=config.lease_ttl / 3)
     elector = Elector(lease, address=config.advertise or config.listen, ttl=config.lease_ttl)
