@@ -130,15 +130,18 @@ class SchedulerLink:
                 rounds = misses = 0  # it worked for a while: start over, same scheduler first
                 delay = self.backoff.delay(0)
             elif hint and hint != self.address:
+                # A standby answered: the cluster is there, an election is on. No growing backoff.
                 self._go(hint)
+                rounds = misses = 0
                 delay = random.uniform(*STANDBY_RETRY)
             else:
                 self._go(self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)])
                 misses += 1
                 delay = 0.0
-                if misses % len(self.addresses) == 0:  # a whole round failed: back off
+                if misses >= len(self.addresses):  # a whole round failed: back off
                     delay = self.backoff.delay(rounds)
                     rounds += 1
+                    misses = 0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 
