@@ -40,8 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scheduler",
         default=default_scheduler(),
-        metavar="HOST[:PORT]",
-        help="the scheduler's address (default: $TRUBA_SCHEDULER, else 127.0.0.1:50051; port 50051 if none)",
+        metavar="HOST[:PORT][,...]",
+        help="the scheduler's address, or several comma-separated (high availability: the leader is"
+        " followed); default: $TRUBA_SCHEDULER, else 127.0.0.1:50051; port 50051 if none",
     )
     parser.add_argument(
         "--slots",

@@ -5,6 +5,17 @@ draining); down come Welcome (brokers), Assignments (the complete desired state)
 (finish what runs, take nothing new, exit). When the scheduler is
 unreachable the daemon keeps running its last assignment and keeps trying: the two converge
 again after reconnect (eventual consistency).
+
+**Several schedulers** (``--scheduler a:50051,b:50051``, high availability): the link talks to
+one at a time. A standby answers ``UNAVAILABLE`` naming the leader (:func:`truba.follow.leader_hint`):
+the link goes there after a short pause (:data:`STANDBY_RETRY`, without growing: an election
+takes seconds). An address that fails otherwise makes it try the next one at once; only after
+a whole round of failures does it back off.
+
+**Epochs.** Every Welcome and Assignment carries the sending leader's epoch, and the link keeps
+the highest it saw. An assignment of an older epoch (a former leader's) is ignored, logged and
+counted (:attr:`SchedulerLink.stale_assignments`); a Welcome of an older epoch ends that stream
+(the link moves on). Epoch 0 is a scheduler that sends none (older than epochs): accepted.
 """
 
 from __future__ import annotations
@@ -12,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 from collections.abc import AsyncIterator
 from typing import Protocol
 
@@ -19,9 +31,19 @@ import grpc
 
 from truba.backoff import Backoff
 from truba.channel import Credentials, open_channel
+from truba.follow import leader_hint, scheduler_addresses
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
 RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)
+STANDBY_RETRY = (0.1, 0.5)
+"""Seconds (uniform) before trying the leader a standby named: the election ends within seconds."""
+WELCOME_TIMEOUT = 10.0
+"""Seconds a new stream may take to be welcomed before the link tries the next address."""
+
+
+class StaleScheduler(Exception):
+    """A scheduler welcomed us with an epoch older than one we saw: a former leader."""
+
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +72,9 @@ class SchedulerLink:
         backoff: Backoff | None = None,
         credentials: Credentials | None = None,
     ) -> None:
-        self.address = address
+        self.addresses = scheduler_addresses(address)
+        self.address = self.addresses[0]
+        """The scheduler the link talks to now (or tries next)."""
         self.credentials = credentials or Credentials.from_env()
         self.daemon = daemon
         self.backoff = backoff or RECONNECT_BACKOFF
@@ -59,6 +83,12 @@ class SchedulerLink:
         """Connect streams the scheduler welcomed (more than one: it reconnected)."""
         self.heartbeats = 0
         """Heartbeats sent."""
+        self.epoch = 0
+        """The highest leader epoch seen in a Welcome or an Assignment."""
+        self.applied_epoch = 0
+        """The epoch of the last assignment handed to the daemon."""
+        self.stale_assignments = 0
+        """Assignments ignored for an epoch older than :attr:`epoch`."""
         self._heartbeat_interval = 2.0
         self._nudged = asyncio.Event()
 
@@ -72,27 +102,53 @@ class SchedulerLink:
         self._nudged.set()
 
     async def run(self, stop: asyncio.Event) -> None:
-        attempt = 0
+        rounds = misses = 0
         while not stop.is_set():
+            hint = ""
+            welcomes = self.connects
             try:
                 await self._session(stop)
-                attempt = 0
             except grpc.aio.AioRpcError as exc:
+                hint = leader_hint(exc)
                 log.warning(
                     "daemon.scheduler.unreachable",
-                    extra={"scheduler": self.address, "code": exc.code().name, "details": exc.details()},
+                    extra={
+                        "scheduler": self.address,
+                        "code": exc.code().name,
+                        "details": exc.details(),
+                        "leader": hint,
+                    },
                 )
-            except (OSError, ConnectionError) as exc:
+            except (OSError, ConnectionError, TimeoutError, StaleScheduler) as exc:
                 log.warning(
                     "daemon.scheduler.unreachable", extra={"scheduler": self.address, "error": repr(exc)}
                 )
             self.connected.clear()
             if stop.is_set():
                 return
-            delay = self.backoff.delay(attempt)
-            attempt += 1
+            if self.connects != welcomes:
+                rounds = misses = 0  # it worked for a while: start over, same scheduler first
+                delay = self.backoff.delay(0)
+            elif hint and hint != self.address:
+                # A standby answered: the cluster is there, an election is on. No growing backoff.
+                self._go(hint)
+                rounds = misses = 0
+                delay = random.uniform(*STANDBY_RETRY)
+            else:
+                self._go(self.addresses[(self.addresses.index(self.address) + 1) % len(self.addresses)])
+                misses += 1
+                delay = 0.0
+                if misses >= len(self.addresses):  # a whole round failed: back off
+                    delay = self.backoff.delay(rounds)
+                    rounds += 1
+                    misses = 0
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
+
+    def _go(self, address: str) -> None:
+        if address not in self.addresses:
+            self.addresses.append(address)
+        self.address = address
 
     async def _session(self, stop: asyncio.Event) -> None:
         outbox: asyncio.Queue[daemons_pb2.DaemonMessage] = asyncio.Queue()
@@ -119,9 +175,13 @@ class SchedulerLink:
                 reader = aiter(call)
                 while True:
                     next_message = asyncio.ensure_future(anext(reader))
+                    bound = None if self.connected.is_set() else WELCOME_TIMEOUT
                     done, _ = await asyncio.wait(
-                        {next_message, stopping}, return_when=asyncio.FIRST_COMPLETED
+                        {next_message, stopping}, timeout=bound, return_when=asyncio.FIRST_COMPLETED
                     )
+                    if not done:
+                        next_message.cancel()
+                        raise TimeoutError(f"no welcome within {WELCOME_TIMEOUT:g} s")
                     if stopping in done:
                         next_message.cancel()
                         call.cancel()
@@ -140,16 +200,39 @@ class SchedulerLink:
     def _handle(self, message: daemons_pb2.SchedulerMessage) -> None:
         kind = message.WhichOneof("kind")
         if kind == "welcome":
+            epoch = message.welcome.epoch
+            if epoch and epoch < self.epoch:
+                log.warning(
+                    "daemon.scheduler.stale_epoch",
+                    extra={"scheduler": self.address, "epoch": epoch, "seen": self.epoch},
+                )
+                raise StaleScheduler(f"{self.address} welcomed with epoch {epoch} < {self.epoch}")
+            self.epoch = max(self.epoch, epoch)
             self._heartbeat_interval = message.welcome.heartbeat_interval or 2.0
             self.connects += 1
             log.info(
                 "daemon.scheduler.connected",
-                extra={"scheduler": self.address, "brokers": len(message.welcome.brokers)},
+                extra={"scheduler": self.address, "brokers": len(message.welcome.brokers), "epoch": epoch},
             )
             self.daemon.welcome(message.welcome)
             self.connected.set()
             self.nudge()  # the first heartbeat now, at the scheduler's interval from then on
         elif kind == "assignment":
+            epoch = message.assignment.epoch
+            if epoch and epoch < self.epoch:
+                self.stale_assignments += 1
+                log.warning(
+                    "daemon.assignment.stale_epoch",
+                    extra={
+                        "scheduler": self.address,
+                        "epoch": epoch,
+                        "seen": self.epoch,
+                        "version": message.assignment.version,
+                    },
+                )
+                return
+            self.epoch = max(self.epoch, epoch)
+            self.applied_epoch = epoch
             self.daemon.assign(message.assignment)
         elif kind == "drain":
             self.daemon.drain("scheduler")

@@ -146,6 +146,7 @@ class Daemon:
         attempts, left_out = self._spans.running_now()
         return daemons_pb2.Heartbeat(
             applied_version=self._version,
+            applied_epoch=self.link.applied_epoch,
             running=self._running(),
             stats=stats,
             draining=self._draining,

@@ -17,7 +17,9 @@ from pathlib import Path
 
 from truba import logs
 from truba.channel import TOKEN_ENV
+from truba.scheduler import ha
 from truba.scheduler.errors import SchedulerError
+from truba.scheduler.lease import DEFAULT_TTL
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
 
@@ -83,6 +85,21 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="bound on connecting to the --store database and on each statement (default: 5)",
     )
     parser.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST:PORT",
+        help="with a PostgreSQL --store (high availability): where clients and daemons reach this"
+        " scheduler, named by the standbys while it leads (default: the --listen address)",
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=float,
+        default=DEFAULT_TTL,
+        metavar="S",
+        help="with a PostgreSQL --store: seconds the leader's lease lasts after each renew; a standby"
+        f" leads about this long after the leader dies (default: {DEFAULT_TTL:g})",
+    )
+    parser.add_argument(
         "--heartbeat-interval",
         type=float,
         default=2.0,
@@ -125,25 +142,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def main(args: argparse.Namespace) -> int:
     """Runs the scheduler described by ``args`` until SIGINT/SIGTERM; returns the exit code."""
     logs.setup(args.log_level, args.log_format)
+    # A scheduler that stepped down re-executes itself on the addresses it served (scheduler.ha).
+    stepped_down = ha.LISTEN_ENV in os.environ
+    listen = os.environ.pop(ha.LISTEN_ENV, None) or args.listen
+    http = os.environ.pop(ha.HTTP_ENV, None) or args.http
     try:
         config = SchedulerConfig(
             brokers=args.brokers,
             state_dir=args.state or default_state_dir(),
-            listen=args.listen,
+            listen=listen,
             heartbeat_interval=args.heartbeat_interval,
             consumer_timeout=args.consumer_timeout,
             keep_dead=args.keep_dead,
             token=_token(args.token_file),
             tls_cert=args.tls_cert,
             tls_key=args.tls_key,
-            http=http_address(args.http, args.listen),
+            http=http_address(http, listen),
             store=args.store,
             store_timeout=args.store_timeout,
+            advertise=args.advertise,
+            lease_ttl=args.lease_ttl,
         )
     except (ValueError, OSError) as exc:
         log.error("sched.bad_args", extra={"error": str(exc)})
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 2
+    if config.store is not None:
+        return asyncio.run(_serve_ha(config, stepped_down=stepped_down))
     return asyncio.run(_serve(config))
 
 
@@ -191,3 +216,20 @@ async def _serve(config: SchedulerConfig) -> int:
             loop.remove_signal_handler(signum)
         await scheduler.stop(STOP_GRACE)
     return 0
+
+
+async def _serve_ha(config: SchedulerConfig, *, stepped_down: bool) -> int:
+    """A scheduler on PostgreSQL: leads, or stands by until it may (:mod:`truba.scheduler.ha`)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    try:
+        return await ha.serve(config, stop, lambda line: print(line, flush=True), stepped_down=stepped_down)
+    except (RuntimeError, SchedulerError) as exc:  # cannot bind, state directory in use, store down
+        log.error("sched.start_failed", extra={"error": str(exc)})
+        print(f"truba scheduler: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(signum)

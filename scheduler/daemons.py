@@ -13,6 +13,10 @@ How a stream ends:
 - no valid Hello within 3 intervals: INVALID_ARGUMENT naming the field.
 
 In every case the plan is recomputed at once without the daemon.
+
+Every Welcome and Assignment written carries the scheduler's leader ``epoch`` (stamped here, as
+it goes out). With a ``leading`` check (high availability), a message is written only while it
+holds: once the leader's fence passed, its streams end with UNAVAILABLE instead.
 """
 
 from __future__ import annotations
@@ -53,8 +57,13 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         *,
         clock: Callable[[], float] = time.monotonic,
         timeline: TaskTimeline | None = None,
+        epoch: int = 0,
+        leading: Callable[[], bool] | None = None,
     ) -> None:
-        """``timeline`` keeps the task spans heartbeats carry (none kept without one)."""
+        """``timeline`` keeps the task spans heartbeats carry (none kept without one); ``epoch``
+        goes into every Welcome and Assignment; nothing is written once ``leading()`` is False."""
+        self._epoch = epoch
+        self._leading = leading
         self._assigner = assigner
         self._timeline = timeline
         self._brokers = tuple(brokers)
@@ -68,13 +77,20 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         except SchedulerError as exc:
             log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
             await context.abort(exc.code, str(exc))
-        session.send(welcome_pb(self._brokers, self._assigner.heartbeat_interval))
+        welcome = welcome_pb(self._brokers, self._assigner.heartbeat_interval)
+        welcome.welcome.epoch = self._epoch
+        session.send(welcome)
         self._assigner.connect(session)
         reader = asyncio.create_task(
             self._read(request_iterator, session), name=f"daemon-{session.daemon_id}"
         )
         try:
             async for message in session.messages():
+                if self._leading is not None and not self._leading():
+                    session.close(grpc.StatusCode.UNAVAILABLE, "this scheduler no longer leads")
+                    break
+                if message.HasField("assignment"):
+                    message.assignment.epoch = self._epoch
                 yield message
         finally:
             reader.cancel()

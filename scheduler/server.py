@@ -49,6 +49,7 @@ from truba.scheduler.events import JobEvents
 from truba.scheduler.history import JobHistory
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
+from truba.scheduler.lease import DEFAULT_TTL, Leadership
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD, JobLifecycle
 from truba.scheduler.metrics import SchedulerMetrics
 from truba.scheduler.registry import DaemonRegistry
@@ -56,6 +57,7 @@ from truba.scheduler.schedule_loop import FiringLoop
 from truba.scheduler.schedule_pipes import BrokerSchedulePipes
 from truba.scheduler.schedule_service import ScheduleServicer
 from truba.scheduler.schedules import ScheduleBook
+from truba.scheduler.standby import LeaderGate
 from truba.scheduler.store import JobStore
 from truba.scheduler.store_open import POSTGRESQL_SCHEMES, last_known, open_store
 from truba.scheduler.view import ClusterView
@@ -102,6 +104,11 @@ class SchedulerConfig:
         tls_cert, tls_key: PEM files; when both are set the scheduler serves TLS only.
         http: ``HOST:PORT`` for metrics and the JSON API (:mod:`truba.scheduler.http_api`);
             port 0 picks a free port; None serves no HTTP.
+        advertise: ``HOST:PORT`` where clients and daemons reach this scheduler, named by the
+            standbys when it leads (default: ``listen``); high availability only.
+        lease_ttl: seconds the leader's lease lasts after each renew (high availability: the
+            ``store`` is PostgreSQL and several schedulers share it; see
+            :mod:`truba.scheduler.ha`).
     """
 
     brokers: Sequence[str]
@@ -119,6 +126,8 @@ class SchedulerConfig:
     http: str | None = None
     store: str | None = None
     store_timeout: float = 5.0
+    advertise: str | None = None
+    lease_ttl: float = DEFAULT_TTL
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "brokers", tuple(self.brokers))
@@ -141,7 +150,9 @@ class SchedulerConfig:
             raise ValueError(f"store: must be a postgresql:// URL, got {self.store.split(':', 1)[0]!r}")
         if not self.store_timeout > 0:
             raise ValueError(f"store_timeout: must be > 0, got {self.store_timeout}")
-        for name, address in (("listen", self.listen), ("http", self.http)):
+        if not self.lease_ttl > 1.0:
+            raise ValueError(f"lease_ttl: must be > 1 second, got {self.lease_ttl}")
+        for name, address in (("listen", self.listen), ("http", self.http), ("advertise", self.advertise)):
             if address is None:
                 continue
             host, colon, port = address.rpartition(":")
@@ -160,8 +171,14 @@ class Scheduler:
         StoreTooNew: the store was written by a newer truba.
     """
 
-    def __init__(self, config: SchedulerConfig) -> None:
+    def __init__(self, config: SchedulerConfig, *, leadership: Leadership | None = None) -> None:
+        """``leadership``: given by the election when several schedulers share the store
+        (:mod:`truba.scheduler.ha`); without it this scheduler is the only one, and takes the
+        next epoch from the store at start."""
         self.config = config
+        self._leadership = leadership
+        self.epoch = 0
+        """The leader epoch this scheduler stamps on Welcomes and Assignments (after start)."""
         self._port: int | None = None
         self._stack = contextlib.AsyncExitStack()
         self._registry = DaemonRegistry()
@@ -206,6 +223,8 @@ class Scheduler:
         stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
         store, where = open_store(config.store, config.state_dir / STORE_FILE, timeout=config.store_timeout)
         stack.callback(store.close)
+        lead = self._leadership
+        self.epoch = lead.epoch if lead is not None else store.claim_epoch(config.advertise or config.listen)
         brokers = Brokers(config.brokers, connect=open_admin, timeout=config.broker_timeout)
         stack.push_async_callback(brokers.close)
         janitor = QueueJanitor(brokers, store)
@@ -240,6 +259,7 @@ class Scheduler:
             options=[("grpc.so_reuseport", 0), *config.grpc_options],
             interceptors=[
                 CallCounter(self.metrics.grpc_calls),
+                *([LeaderGate(lead.leading, lead.leader)] if lead is not None else []),
                 *([TokenAuth(config.token)] if config.token else []),
             ],
         )
@@ -249,7 +269,14 @@ class Scheduler:
             JobServicer(lifecycle, assigner, brokers.infos, dead_letters, timeline), server
         )
         daemons_pb2_grpc.add_DaemonServiceServicer_to_server(
-            DaemonServicer(assigner, brokers.infos, timeline=timeline), server
+            DaemonServicer(
+                assigner,
+                brokers.infos,
+                timeline=timeline,
+                epoch=self.epoch,
+                leading=lead.leading if lead is not None else None,
+            ),
+            server,
         )
         pipes = BrokerSchedulePipes(
             config.brokers, pipe_brokers("truba-scheduler", heartbeat=10.0, timeout=config.broker_timeout)
@@ -313,6 +340,7 @@ class Scheduler:
                 "brokers": [redact(url) for url in config.brokers],
                 "state_dir": str(config.state_dir),
                 "store": where,
+                "epoch": self.epoch,
                 "jobs": len(runnable),
                 "schedules": schedules,
                 "stale_queues": len(janitor.pending()),

@@ -100,6 +100,10 @@ class JobStore(Protocol):
     def load_counters(self) -> dict[str, str]:
         """Every job's stored counters, by job id."""
 
+    def claim_epoch(self, address: str) -> int:
+        """Adds one to the leader epoch and returns it, for a scheduler that does not elect a
+        leader (the only one on its store): daemons see the epoch grow at each of its starts."""
+
     def close(self) -> None:
         """Releases the store; idempotent."""
 
@@ -212,6 +216,12 @@ class SqliteJobStore:
         return {
             str(job_id): str(data) for job_id, data in self._db.execute("SELECT job_id, data FROM counters")
         }
+
+    def claim_epoch(self, address: str) -> int:
+        with self._db:
+            self._db.execute("UPDATE leader SET epoch = epoch + 1, address = ? WHERE id = 1", (address,))
+            (epoch,) = self._db.execute("SELECT epoch FROM leader WHERE id = 1").fetchone()
+        return int(epoch)
 
     def close(self) -> None:
         if not self._closed:

@@ -221,6 +221,17 @@ class PostgresJobStore:
 
         return self._read(load)
 
+    def claim_epoch(self, address: str) -> int:
+        def claim(cur: Cursor) -> int:
+            row = cur.execute(
+                "UPDATE leader SET epoch = epoch + 1, address = %s WHERE id = 1 RETURNING epoch", (address,)
+            ).fetchone()
+            assert row is not None  # schema step 5 inserted the row
+            return int(row[0])
+
+        epoch: int = self._call(claim, write=True)
+        return epoch
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True

@@ -102,6 +102,24 @@ MIGRATIONS: Final[tuple[Migration, ...]] = (
             "CREATE INDEX schedule_runs_by_start ON schedule_runs (schedule_id, started)",
         ),
     ),
+    Migration(
+        5,
+        "the leader lease and its epoch",
+        # One row: who leads (a process's id), where (its advertised address), the epoch (one more
+        # at every change of leader, and at every start of a scheduler that does not elect), and
+        # until when (PostgreSQL: the database's clock; SQLite has one scheduler and no expiry).
+        sqlite=(
+            "CREATE TABLE IF NOT EXISTS leader (id INTEGER PRIMARY KEY CHECK (id = 1),"
+            " holder TEXT NOT NULL, address TEXT NOT NULL, epoch INTEGER NOT NULL,"
+            " expires_at REAL NOT NULL)",
+            "INSERT OR IGNORE INTO leader (id, holder, address, epoch, expires_at) VALUES (1, '', '', 0, 0)",
+        ),
+        postgresql=(
+            "CREATE TABLE leader (id INTEGER PRIMARY KEY CHECK (id = 1), holder TEXT NOT NULL,"
+            " address TEXT NOT NULL, epoch BIGINT NOT NULL, expires_at TIMESTAMPTZ NOT NULL)",
+            "INSERT INTO leader (id, holder, address, epoch, expires_at) VALUES (1, '', '', 0, '-infinity')",
+        ),
+    ),
 )
 
 SCHEMA_VERSION: Final = MIGRATIONS[-1].version

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from truba.proto.v1 import common_pb2 as truba_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16truba/v1/daemons.proto\x12\x08truba.v1\x1a\x15truba/v1/common.proto\"\x14\n\x12ListDaemonsRequest\"<\n\x13ListDaemonsResponse\x12%\n\x07\x64\x61\x65mons\x18\x01 \x03(\x0b\x32\x14.truba.v1.DaemonInfo\"\'\n\x12\x44rainDaemonRequest\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\"\xdb\x01\n\nDaemonInfo\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\r\n\x05slots\x18\x04 \x01(\r\x12\r\n\x05\x61llow\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12$\n\x08\x61ssigned\x18\x07 \x03(\x0b\x32\x12.truba.v1.JobSlots\x12!\n\x05stats\x18\x08 \x03(\x0b\x32\x12.truba.v1.JobStats\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x11\n\tlast_seen\x18\n \x01(\x01\"c\n\rDaemonMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.truba.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.truba.v1.HeartbeatH\x00\x42\x06\n\x04kind\"\x8d\x01\n\x05Hello\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\r\n\x05slots\x18\x04 \x01(\r\x12\r\n\x05\x61llow\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12#\n\x07running\x18\x07 \x03(\x0b\x32\x12.truba.v1.JobSlots\"\xdd\x02\n\tHeartbeat\x12\x17\n\x0f\x61pplied_version\x18\x01 \x01(\x04\x12#\n\x07running\x18\x02 \x03(\x0b\x32\x12.truba.v1.JobSlots\x12!\n\x05stats\x18\x03 \x03(\x0b\x32\x12.truba.v1.JobStats\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x1d\n\x05spans\x18\x05 \x03(\x0b\x32\x0e.truba.v1.Span\x12\x15\n\rspans_dropped\x18\x06 \x01(\x04\x12*\n\x08\x61ttempts\x18\x07 \x03(\x0b\x32\x18.truba.v1.RunningAttempt\x12\x43\n\x11\x61ttempts_left_out\x18\x08 \x03(\x0b\x32(.truba.v1.Heartbeat.AttemptsLeftOutEntry\x1a\x36\n\x14\x41ttemptsLeftOutEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"_\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\r\n\x05start\x18\x05 \x01(\x01\"\xb0\x01\n\x04Span\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\r\n\x05start\x18\x04 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x01\x12&\n\x07outcome\x18\x06 \x01(\x0e\x32\x15.truba.v1.SpanOutcome\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\"s\n\x08JobStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x04\x12\x12\n\nbusy_slots\x18\x04 \x01(\r\x12\x14\n\x0cservice_time\x18\x05 \x01(\x01\x12\x0f\n\x07waiting\x18\x06 \x01(\r\"\x8e\x01\n\x10SchedulerMessage\x12$\n\x07welcome\x18\x01 \x01(\x0b\x32\x11.truba.v1.WelcomeH\x00\x12*\n\nassignment\x18\x02 \x01(\x0b\x32\x14.truba.v1.AssignmentH\x00\x12 \n\x05\x64rain\x18\x03 \x01(\x0b\x32\x0f.truba.v1.DrainH\x00\x42\x06\n\x04kind\"\x07\n\x05\x44rain\"H\n\x07Welcome\x12!\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x10.truba.v1.Broker\x12\x1a\n\x12heartbeat_interval\x18\x02 \x01(\x01\"?\n\nAssignment\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.truba.v1.JobSlots\"\x88\x01\n\x08JobSlots\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\r\n\x05slots\x18\x03 \x01(\r\x12#\n\x06queues\x18\x04 \x01(\x0b\x32\x13.truba.v1.JobQueues\x12\'\n\x08settings\x18\x05 \x01(\x0b\x32\x15.truba.v1.JobSettings*\xf9\x01\n\x0bSpanOutcome\x12\x1c\n\x18SPAN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fSPAN_OUTCOME_OK\x10\x01\x12\x16\n\x12SPAN_OUTCOME_ERROR\x10\x02\x12\x18\n\x14SPAN_OUTCOME_RETRIED\x10\x03\x12\x18\n\x14SPAN_OUTCOME_TIMEOUT\x10\x04\x12\x18\n\x14SPAN_OUTCOME_CRASHED\x10\x05\x12\x1a\n\x16SPAN_OUTCOME_PREEMPTED\x10\x06\x12\x18\n\x14SPAN_OUTCOME_GAVE_UP\x10\x07\x12\x1b\n\x17SPAN_OUTCOME_SLOT_TAKEN\x10\x08\x32\xe2\x01\n\rDaemonService\x12\x42\n\x07\x43onnect\x12\x17.truba.v1.DaemonMessage\x1a\x1a.truba.v1.SchedulerMessage(\x01\x30\x01\x12J\n\x0bListDaemons\x12\x1c.truba.v1.ListDaemonsRequest\x1a\x1d.truba.v1.ListDaemonsResponse\x12\x41\n\x0b\x44rainDaemon\x12\x1c.truba.v1.DrainDaemonRequest\x1a\x14.truba.v1.DaemonInfob\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16truba/v1/daemons.proto\x12\x08truba.v1\x1a\x15truba/v1/common.proto\"\x14\n\x12ListDaemonsRequest\"<\n\x13ListDaemonsResponse\x12%\n\x07\x64\x61\x65mons\x18\x01 \x03(\x0b\x32\x14.truba.v1.DaemonInfo\"\'\n\x12\x44rainDaemonRequest\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\"\xdb\x01\n\nDaemonInfo\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\r\n\x05slots\x18\x04 \x01(\r\x12\r\n\x05\x61llow\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12$\n\x08\x61ssigned\x18\x07 \x03(\x0b\x32\x12.truba.v1.JobSlots\x12!\n\x05stats\x18\x08 \x03(\x0b\x32\x12.truba.v1.JobStats\x12\x10\n\x08\x64raining\x18\t \x01(\x08\x12\x11\n\tlast_seen\x18\n \x01(\x01\"c\n\rDaemonMessage\x12 \n\x05hello\x18\x01 \x01(\x0b\x32\x0f.truba.v1.HelloH\x00\x12(\n\theartbeat\x18\x02 \x01(\x0b\x32\x13.truba.v1.HeartbeatH\x00\x42\x06\n\x04kind\"\x8d\x01\n\x05Hello\x12\x11\n\tdaemon_id\x18\x01 \x01(\t\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\r\x12\r\n\x05slots\x18\x04 \x01(\r\x12\r\n\x05\x61llow\x18\x05 \x03(\t\x12\x0f\n\x07version\x18\x06 \x01(\t\x12#\n\x07running\x18\x07 \x03(\x0b\x32\x12.truba.v1.JobSlots\"\xf4\x02\n\tHeartbeat\x12\x17\n\x0f\x61pplied_version\x18\x01 \x01(\x04\x12#\n\x07running\x18\x02 \x03(\x0b\x32\x12.truba.v1.JobSlots\x12!\n\x05stats\x18\x03 \x03(\x0b\x32\x12.truba.v1.JobStats\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\x12\x1d\n\x05spans\x18\x05 \x03(\x0b\x32\x0e.truba.v1.Span\x12\x15\n\rspans_dropped\x18\x06 \x01(\x04\x12*\n\x08\x61ttempts\x18\x07 \x03(\x0b\x32\x18.truba.v1.RunningAttempt\x12\x43\n\x11\x61ttempts_left_out\x18\x08 \x03(\x0b\x32(.truba.v1.Heartbeat.AttemptsLeftOutEntry\x12\x15\n\rapplied_epoch\x18\x14 \x01(\x04\x1a\x36\n\x14\x41ttemptsLeftOutEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\"_\n\x0eRunningAttempt\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\x0f\n\x07\x61ttempt\x18\x04 \x01(\r\x12\r\n\x05start\x18\x05 \x01(\x01\"\xb0\x01\n\x04Span\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07task_id\x18\x02 \x01(\t\x12\x0c\n\x04slot\x18\x03 \x01(\r\x12\r\n\x05start\x18\x04 \x01(\x01\x12\x0b\n\x03\x65nd\x18\x05 \x01(\x01\x12&\n\x07outcome\x18\x06 \x01(\x0e\x32\x15.truba.v1.SpanOutcome\x12\x0f\n\x07\x61ttempt\x18\x07 \x01(\r\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x15\n\rerror_message\x18\t \x01(\t\"s\n\x08JobStats\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64one\x18\x02 \x01(\x04\x12\x0e\n\x06\x66\x61iled\x18\x03 \x01(\x04\x12\x12\n\nbusy_slots\x18\x04 \x01(\r\x12\x14\n\x0cservice_time\x18\x05 \x01(\x01\x12\x0f\n\x07waiting\x18\x06 \x01(\r\"\x8e\x01\n\x10SchedulerMessage\x12$\n\x07welcome\x18\x01 \x01(\x0b\x32\x11.truba.v1.WelcomeH\x00\x12*\n\nassignment\x18\x02 \x01(\x0b\x32\x14.truba.v1.AssignmentH\x00\x12 \n\x05\x64rain\x18\x03 \x01(\x0b\x32\x0f.truba.v1.DrainH\x00\x42\x06\n\x04kind\"\x07\n\x05\x44rain\"W\n\x07Welcome\x12!\n\x07\x62rokers\x18\x01 \x03(\x0b\x32\x10.truba.v1.Broker\x12\x1a\n\x12heartbeat_interval\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\n \x01(\x04\"N\n\nAssignment\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12 \n\x04jobs\x18\x02 \x03(\x0b\x32\x12.truba.v1.JobSlots\x12\r\n\x05\x65poch\x18\n \x01(\x04\"\x88\x01\n\x08JobSlots\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0f\n\x07handler\x18\x02 \x01(\t\x12\r\n\x05slots\x18\x03 \x01(\r\x12#\n\x06queues\x18\x04 \x01(\x0b\x32\x13.truba.v1.JobQueues\x12\'\n\x08settings\x18\x05 \x01(\x0b\x32\x15.truba.v1.JobSettings*\xf9\x01\n\x0bSpanOutcome\x12\x1c\n\x18SPAN_OUTCOME_UNSPECIFIED\x10\x00\x12\x13\n\x0fSPAN_OUTCOME_OK\x10\x01\x12\x16\n\x12SPAN_OUTCOME_ERROR\x10\x02\x12\x18\n\x14SPAN_OUTCOME_RETRIED\x10\x03\x12\x18\n\x14SPAN_OUTCOME_TIMEOUT\x10\x04\x12\x18\n\x14SPAN_OUTCOME_CRASHED\x10\x05\x12\x1a\n\x16SPAN_OUTCOME_PREEMPTED\x10\x06\x12\x18\n\x14SPAN_OUTCOME_GAVE_UP\x10\x07\x12\x1b\n\x17SPAN_OUTCOME_SLOT_TAKEN\x10\x08\x32\xe2\x01\n\rDaemonService\x12\x42\n\x07\x43onnect\x12\x17.truba.v1.DaemonMessage\x1a\x1a.truba.v1.SchedulerMessage(\x01\x30\x01\x12J\n\x0bListDaemons\x12\x1c.truba.v1.ListDaemonsRequest\x1a\x1d.truba.v1.ListDaemonsResponse\x12\x41\n\x0b\x44rainDaemon\x12\x1c.truba.v1.DrainDaemonRequest\x1a\x14.truba.v1.DaemonInfob\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,8 +34,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._loaded_options = None
   _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._serialized_options = b'8\001'
-  _globals['_SPANOUTCOME']._serialized_start=1829
-  _globals['_SPANOUTCOME']._serialized_end=2078
+  _globals['_SPANOUTCOME']._serialized_start=1882
+  _globals['_SPANOUTCOME']._serialized_end=2131
   _globals['_LISTDAEMONSREQUEST']._serialized_start=59
   _globals['_LISTDAEMONSREQUEST']._serialized_end=79
   _globals['_LISTDAEMONSRESPONSE']._serialized_start=81
@@ -49,25 +49,25 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HELLO']._serialized_start=508
   _globals['_HELLO']._serialized_end=649
   _globals['_HEARTBEAT']._serialized_start=652
-  _globals['_HEARTBEAT']._serialized_end=1001
-  _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._serialized_start=947
-  _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._serialized_end=1001
-  _globals['_RUNNINGATTEMPT']._serialized_start=1003
-  _globals['_RUNNINGATTEMPT']._serialized_end=1098
-  _globals['_SPAN']._serialized_start=1101
-  _globals['_SPAN']._serialized_end=1277
-  _globals['_JOBSTATS']._serialized_start=1279
-  _globals['_JOBSTATS']._serialized_end=1394
-  _globals['_SCHEDULERMESSAGE']._serialized_start=1397
-  _globals['_SCHEDULERMESSAGE']._serialized_end=1539
-  _globals['_DRAIN']._serialized_start=1541
-  _globals['_DRAIN']._serialized_end=1548
-  _globals['_WELCOME']._serialized_start=1550
-  _globals['_WELCOME']._serialized_end=1622
-  _globals['_ASSIGNMENT']._serialized_start=1624
-  _globals['_ASSIGNMENT']._serialized_end=1687
-  _globals['_JOBSLOTS']._serialized_start=1690
-  _globals['_JOBSLOTS']._serialized_end=1826
-  _globals['_DAEMONSERVICE']._serialized_start=2081
-  _globals['_DAEMONSERVICE']._serialized_end=2307
+  _globals['_HEARTBEAT']._serialized_end=1024
+  _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._serialized_start=970
+  _globals['_HEARTBEAT_ATTEMPTSLEFTOUTENTRY']._serialized_end=1024
+  _globals['_RUNNINGATTEMPT']._serialized_start=1026
+  _globals['_RUNNINGATTEMPT']._serialized_end=1121
+  _globals['_SPAN']._serialized_start=1124
+  _globals['_SPAN']._serialized_end=1300
+  _globals['_JOBSTATS']._serialized_start=1302
+  _globals['_JOBSTATS']._serialized_end=1417
+  _globals['_SCHEDULERMESSAGE']._serialized_start=1420
+  _globals['_SCHEDULERMESSAGE']._serialized_end=1562
+  _globals['_DRAIN']._serialized_start=1564
+  _globals['_DRAIN']._serialized_end=1571
+  _globals['_WELCOME']._serialized_start=1573
+  _globals['_WELCOME']._serialized_end=1660
+  _globals['_ASSIGNMENT']._serialized_start=1662
+  _globals['_ASSIGNMENT']._serialized_end=1740
+  _globals['_JOBSLOTS']._serialized_start=1743
+  _globals['_JOBSLOTS']._serialized_end=1879
+  _globals['_DAEMONSERVICE']._serialized_start=2134
+  _globals['_DAEMONSERVICE']._serialized_end=2360
 # @@protoc_insertion_point(module_scope)

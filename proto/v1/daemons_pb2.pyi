@@ -271,12 +271,15 @@ class Heartbeat(_message.Message):
     SPANS_DROPPED_FIELD_NUMBER: _builtins.int
     ATTEMPTS_FIELD_NUMBER: _builtins.int
     ATTEMPTS_LEFT_OUT_FIELD_NUMBER: _builtins.int
+    APPLIED_EPOCH_FIELD_NUMBER: _builtins.int
     applied_version: _builtins.int
     """Assignment version the daemon has applied."""
     draining: _builtins.bool
     """The daemon takes no new tasks (it is draining for maintenance)."""
     spans_dropped: _builtins.int
     """Spans left out since the last heartbeat (over the per-heartbeat bound)."""
+    applied_epoch: _builtins.int
+    """The leader epoch of the assignment the daemon has applied (0: none yet)."""
     @_builtins.property
     def running(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
     @_builtins.property
@@ -308,10 +311,11 @@ class Heartbeat(_message.Message):
         spans_dropped: _builtins.int = ...,
         attempts: _abc.Iterable[Global___RunningAttempt] | None = ...,
         attempts_left_out: _abc.Mapping[_builtins.str, _builtins.int] | None = ...,
+        applied_epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_version", b"applied_version", "attempts", b"attempts", "attempts_left_out", b"attempts_left_out", "draining", b"draining", "running", b"running", "spans", b"spans", "spans_dropped", b"spans_dropped", "stats", b"stats"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["applied_epoch", b"applied_epoch", "applied_version", b"applied_version", "attempts", b"attempts", "attempts_left_out", b"attempts_left_out", "draining", b"draining", "running", b"running", "spans", b"spans", "spans_dropped", b"spans_dropped", "stats", b"stats"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -494,8 +498,13 @@ class Welcome(_message.Message):
 
     BROKERS_FIELD_NUMBER: _builtins.int
     HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     heartbeat_interval: _builtins.float
     """Seconds between heartbeats the scheduler expects."""
+    epoch: _builtins.int
+    """The leader epoch of the scheduler that welcomes: it grows with every scheduler start and
+    every change of leader. A daemon that has seen a higher one leaves this stream.
+    """
     @_builtins.property
     def brokers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Broker]: ...
     def __init__(
@@ -503,10 +512,11 @@ class Welcome(_message.Message):
         *,
         brokers: _abc.Iterable[_common_pb2.Broker] | None = ...,
         heartbeat_interval: _builtins.float = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers", "heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers", "epoch", b"epoch", "heartbeat_interval", b"heartbeat_interval"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 
@@ -520,7 +530,12 @@ class Assignment(_message.Message):
 
     VERSION_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
+    EPOCH_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    epoch: _builtins.int
+    """The sending leader's epoch; a daemon ignores an assignment older than the highest it saw
+    (a former leader's), so no two schedulers steer it at once.
+    """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
     def __init__(
@@ -528,10 +543,11 @@ class Assignment(_message.Message):
         *,
         version: _builtins.int = ...,
         jobs: _abc.Iterable[Global___JobSlots] | None = ...,
+        epoch: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "jobs", b"jobs", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 import grpc
 import grpc.aio
 
+from truba.follow import FollowingBlockingChannel, FollowingChannel, scheduler_addresses
+
 TOKEN_ENV = "TRUBA_TOKEN"
 TLS_CA_ENV = "TRUBA_TLS_CA"
 MAX_RECONNECT_BACKOFF_MS = 2000
@@ -27,7 +29,10 @@ SCHEDULER_ENV = "TRUBA_SCHEDULER"
 
 
 def default_scheduler() -> str:
-    """``$TRUBA_SCHEDULER`` (empty = unset), else ``127.0.0.1:50051``: every command's default."""
+    """``$TRUBA_SCHEDULER`` (empty = unset), else ``127.0.0.1:50051``: every command's default.
+
+    Like every scheduler address truba takes, it may list several schedulers, comma-separated
+    (``a:50051,b:50051``): calls follow the leader among them (:mod:`truba.follow`)."""
     return os.environ.get(SCHEDULER_ENV) or f"127.0.0.1:{DEFAULT_PORT}"
 
 
@@ -35,8 +40,14 @@ def scheduler_target(address: str) -> str:
     """``address`` with the scheduler's default port added when it names none.
 
     ``host`` and ``[::1]`` become ``host:50051`` and ``[::1]:50051``; an address with a port or
-    a gRPC scheme (``unix:``, ``dns:///``, ``ipv4:``…) is left as it is.
+    a gRPC scheme (``unix:``, ``dns:///``, ``ipv4:``…) is left as it is. In a list of several
+    (``a,b``), each one is.
     """
+    if "," in address:
+        several = scheduler_addresses(address)
+        if len(several) > 1:
+            return ",".join(scheduler_target(one) for one in several)
+        address = several[0]
     address = address.strip()
     if "://" in address or address.startswith(("unix:", "unix-abstract:", "ipv4:", "ipv6:", "dns:")):
         return address
@@ -103,7 +114,12 @@ class _TokenInterceptor(_UnaryUnary, _UnaryStream, _StreamStream):
 def open_channel(
     address: str, credentials: Credentials | None = None, *, options: Sequence[tuple[str, int | str]] = ()
 ) -> grpc.aio.Channel:
-    """An asyncio channel to the scheduler at ``address`` with ``credentials`` applied."""
+    """An asyncio channel to the scheduler at ``address`` with ``credentials`` applied; several
+    comma-separated addresses make a :class:`~truba.follow.FollowingChannel`."""
+    addresses = scheduler_addresses(address) if "," in address else [address]
+    if len(addresses) > 1:
+        following = FollowingChannel(addresses, lambda one: open_channel(one, credentials, options=options))
+        return cast(grpc.aio.Channel, following)
     credentials = credentials or Credentials()
     address = scheduler_target(address)
     # gRPC's reconnect backoff grows to 120 s by default: a scheduler that restarts would stay
@@ -119,7 +135,12 @@ def open_channel(
 
 
 def open_blocking_channel(address: str, credentials: Credentials | None = None) -> grpc.Channel:
-    """A blocking channel (for the CLI); the token goes in each call's ``metadata=``."""
+    """A blocking channel (for the CLI); the token goes in each call's ``metadata=``. Several
+    comma-separated addresses make a :class:`~truba.follow.FollowingBlockingChannel`."""
+    addresses = scheduler_addresses(address) if "," in address else [address]
+    if len(addresses) > 1:
+        following = FollowingBlockingChannel(addresses, lambda one: open_blocking_channel(one, credentials))
+        return cast(grpc.Channel, following)
     credentials = credentials or Credentials()
     address = scheduler_target(address)
     if credentials.tls_ca is not None:

@@ -36,8 +36,9 @@ def add_client_arguments(parser: argparse.ArgumentParser, *, json: bool = True) 
     parser.add_argument(
         "--scheduler",
         default=default_scheduler(),
-        metavar="HOST[:PORT]",
-        help="the scheduler's address (default: $TRUBA_SCHEDULER, else 127.0.0.1:50051; port 50051 if none)",
+        metavar="HOST[:PORT][,...]",
+        help="the scheduler's address, or several comma-separated (high availability: the leader is"
+        " followed); default: $TRUBA_SCHEDULER, else 127.0.0.1:50051; port 50051 if none",
     )
     parser.add_argument(
         "--timeout",
