@@ -27,7 +27,16 @@ from truba.scheduler.counters import DaemonJobStats, JobCounters
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
 from truba.scheduler.model import Job, JobState
-from truba.scheduler.planner import Assignment, Capacity, JobSpec, Policy, gains, job_totals, plan
+from truba.scheduler.planner import (
+    SCHEDULER_POLICY,
+    Assignment,
+    Capacity,
+    JobSpec,
+    Policy,
+    gains,
+    job_totals,
+    plan,
+)
 from truba.scheduler.registry import DaemonRegistry, DaemonSession
 
 log = logging.getLogger(__name__)
@@ -37,6 +46,10 @@ REPLAN_DELAY: Final = 0.1
 """Seconds daemons connecting or leaving (and plans cut short) wait for the next plan."""
 DEMAND_REPLAN_DELAY: Final = 0.5
 """Seconds a change of demand may wait for the next plan (coalescing reports)."""
+PLAN_DUTY: Final = 2.0
+"""A plan asked for soon waits at least this many times the last plan's duration: planning
+takes at most a third of the event loop, whatever the cluster's size, so heartbeats and sends
+are never starved by a storm of events (a new job's own plan is made at once)."""
 
 
 class PlanObserver(Protocol):
@@ -81,7 +94,7 @@ class Assigner:
     ) -> None:
         self.event_delay = event_delay
         self._observer = observer
-        self._policy = policy or Policy()
+        self._policy = policy or SCHEDULER_POLICY
         self._registry = registry
         self._jobs = jobs
         self._counters = counters or JobCounters()
@@ -90,6 +103,14 @@ class Assigner:
         """(daemon id, job id) -> when the job last gained a slot there (for the planner's hold)."""
         self._targets: dict[str, float] = {}
         self._soon: asyncio.TimerHandle | None = None
+        self._check: asyncio.TimerHandle | None = None
+        self._planned_demand: dict[str, int] = {}
+        """Each runnable job's demand as the last plan saw it (:func:`_effective`)."""
+        self._planned_slots = 0
+        self._plan_seconds = 0.0
+        """How long the last plan took, with its pushes (wall time)."""
+        self.checks_skipped = 0
+        """Demand checks that found no job's demand changed (no plan made)."""
         self.heartbeat_interval = heartbeat_interval
         self._clock = clock
         self._version = int(time.time() * 1000) if first_version is None else first_version
@@ -152,21 +173,24 @@ class Assigner:
         now = self._clock()
         session.last_seen = now
         session.applied_version = heartbeat.applied_version
-        session.stats = list(heartbeat.stats)
-        changed = self._counters.daemon_report(
-            session.daemon_id,
-            (
-                DaemonJobStats(
-                    job_id=s.job_id,
-                    done=s.done,
-                    failed=s.failed,
-                    busy=s.busy_slots,
-                    waiting=s.waiting,
-                    service_time=s.service_time,
-                )
-                for s in heartbeat.stats
-            ),
-        )
+        stats = heartbeat.stats
+        changed: set[str] = set()
+        if stats != session.stats:  # the same numbers as last time change no counter: skip them
+            session.stats = list(stats)
+            changed = self._counters.daemon_report(
+                session.daemon_id,
+                (
+                    DaemonJobStats(
+                        job_id=s.job_id,
+                        done=s.done,
+                        failed=s.failed,
+                        busy=s.busy_slots,
+                        waiting=s.waiting,
+                        service_time=s.service_time,
+                    )
+                    for s in stats
+                ),
+            )
         for job_id in changed:
             self._events.publish(job_id, EventKind.PROGRESS)
         if heartbeat.draining and not session.draining:
@@ -216,6 +240,7 @@ class Assigner:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous test): the next event replans
             return
+        delay = max(delay, PLAN_DUTY * self._plan_seconds)
         due = loop.time() + delay
         if self._soon is not None:
             if self._soon.when() <= due:
@@ -224,9 +249,29 @@ class Assigner:
         self._soon = loop.call_later(delay, self.replan)
 
     def demand_changed(self) -> None:
-        """Counters moved: replan within :data:`DEMAND_REPLAN_DELAY` (demand drifts with every
-        report; following each would cost a plan per heartbeat)."""
-        self.replan_soon(DEMAND_REPLAN_DELAY)
+        """Counters moved: within :data:`DEMAND_REPLAN_DELAY` seconds, replan if some runnable
+        job's demand, as far as a plan can tell it apart, is not the one the last plan used
+        (demand drifts with every report; following each would cost a plan per heartbeat, and on
+        a busy cluster most reports change no job's plan: an unknown demand, or one beyond the
+        cluster's slots, stays so)."""
+        if self._soon is not None or self._check is not None:
+            return  # a plan or a check is due anyway
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): the next event replans
+            return
+        self._check = loop.call_later(DEMAND_REPLAN_DELAY, self._check_demand)
+
+    def _check_demand(self) -> None:
+        self._check = None
+        if self._soon is not None:
+            return
+        total = self._planned_slots
+        demands = {job.id: _effective(self._demand(job), total) for job in self._jobs() if job.runnable}
+        if demands != self._planned_demand:
+            self.replan()
+        else:
+            self.checks_skipped += 1
 
     def _replan_for_event(self) -> None:
         """Daemons connecting or leaving replan after :attr:`event_delay` seconds, so that a
@@ -239,6 +284,7 @@ class Assigner:
 
     def replan(self) -> None:
         """Plans again and pushes a new assignment to every daemon whose share changed."""
+        began = time.perf_counter()
         if self._soon is not None:
             self._soon.cancel()
             self._soon = None
@@ -250,6 +296,9 @@ class Assigner:
             s.info.capacity if not s.draining else Capacity(s.daemon_id, 0, s.info.allow) for s in sessions
         ]
         specs = [self._spec(job) for job in jobs.values()]
+        total = sum(c.slots for c in capacities)
+        self._planned_demand = {spec.id: _effective(spec.demand, total) for spec in specs}
+        self._planned_slots = total
         started = time.perf_counter()
         result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
         if self._observer is not None:
@@ -264,19 +313,41 @@ class Assigner:
             if totals.get(job_id, 0) != self._totals.get(job_id, 0):
                 self._events.publish(job_id, EventKind.SLOTS)
         self._totals = totals
-        for session in sessions:
-            share = self._plan[session.daemon_id]
-            if session.version == 0 or share != session.held:
-                self._version += 1
-                log.info(
-                    "sched.assign",
-                    extra={"daemon_id": session.daemon_id, "version": self._version, "jobs": share},
-                )
-                self._push(session, share, self._version, jobs)
+        self._push_plan(sessions, jobs)
         live = {s.daemon_id for s in sessions}
         self._given_at = {k: t for k, t in self._given_at.items() if k[0] in live and k[1] in jobs}
+        self._plan_seconds = time.perf_counter() - began
         if not result.settled:
             self.replan_soon()
+
+    def _push_plan(self, sessions: Sequence[DaemonSession], jobs: dict[str, Job]) -> None:
+        """Sends each daemon whose share changed its new one: all under one new version, and one
+        message per distinct share (daemons given the same slots of the same jobs get the same
+        message object; most of a large cluster's daemons get one of a few)."""
+        version = self._version + 1
+        messages: dict[tuple[tuple[str, int], ...], daemons_pb2.SchedulerMessage] = {}
+        pushed = 0
+        detail = log.isEnabledFor(logging.DEBUG)
+        for session in sessions:
+            share = self._plan[session.daemon_id]
+            if session.version != 0 and share == session.held:
+                continue
+            key = tuple(share.items())
+            message = messages.get(key)
+            if message is None:
+                message = messages[key] = assignment_pb(version, share, jobs)
+            if detail:
+                log.debug(
+                    "sched.assign", extra={"daemon_id": session.daemon_id, "version": version, "jobs": share}
+                )
+            self._send(session, message, share, version)
+            pushed += 1
+        if pushed:
+            self._version = version
+            log.info(
+                "sched.assigned",
+                extra={"version": version, "daemons": pushed, "distinct": len(messages)},
+            )
 
     def _demand(self, job: Job) -> int | None:
         closed = job.submitted if job.state is JobState.CLOSED else None
@@ -299,7 +370,16 @@ class Assigner:
     ) -> None:
         if jobs is None:
             jobs = {job.id: job for job in self._jobs() if job.id in share}
-        session.send(assignment_pb(version, share, jobs))
+        self._send(session, assignment_pb(version, share, jobs), share, version)
+
+    def _send(
+        self,
+        session: DaemonSession,
+        message: daemons_pb2.SchedulerMessage,
+        share: dict[str, int],
+        version: int,
+    ) -> None:
+        session.send(message)
         if self._observer is not None:
             self._observer.pushed()
         session.held = share
@@ -367,17 +447,28 @@ class Assigner:
         return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"
 
 
+def _effective(demand: int | None, slots: int) -> int:
+    """A job's demand as the planner tells it apart on a cluster of ``slots`` slots: it only
+    caps the job's slots (with what its daemons have, at most ``slots``), so unknown demand and
+    any demand of ``slots`` or more plan alike."""
+    return slots if demand is None else min(demand, slots)
+
+
 def _observe_revocations(
     observer: PlanObserver, before: Assignment, after: Assignment, specs: Sequence[JobSpec]
 ) -> None:
     """Tells ``observer`` the slots each runnable job lost from ``before`` to ``after``: preempted
     when the job's demand (unknown counts as unbounded) exceeds what it keeps, released otherwise."""
     kept = job_totals(after)
+    lost: dict[str, int] = {}
+    for daemon_id, held in before.items():
+        now = after.get(daemon_id, {})
+        for job_id, n in held.items():
+            gone = n - now.get(job_id, 0)
+            if gone > 0:
+                lost[job_id] = lost.get(job_id, 0) + gone
     for spec in specs:
-        lost = sum(
-            max(0, held.get(spec.id, 0) - after.get(daemon_id, {}).get(spec.id, 0))
-            for daemon_id, held in before.items()
-        )
-        if lost:
+        taken = lost.get(spec.id, 0)
+        if taken:
             preempted = spec.demand is None or spec.demand > kept.get(spec.id, 0)
-            observer.revoked(spec.id, lost, preempted=preempted)
+            observer.revoked(spec.id, taken, preempted=preempted)

@@ -1,0 +1,142 @@
+"""The assigner's work per event stays small on a large cluster: one message per distinct share,
+no plan for reports that change no job's demand, plans asked for soon spaced by their cost."""
+
+from __future__ import annotations
+
+import asyncio
+
+from tests.unit.scheduler.fakes import ManualClock
+from tests.unit.scheduler.test_assigner import Jobs, drain, session, slots
+from truba.proto.v1 import daemons_pb2
+from truba.scheduler import assigner as assigner_module
+from truba.scheduler.assigner import Assigner
+from truba.scheduler.counters import JobCounters
+from truba.scheduler.registry import DaemonRegistry
+
+
+class Plans:
+    """Counts plans (the assigner's observer)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def planned(self, seconds: float, live_jobs: object) -> None:
+        self.count += 1
+
+    def revoked(self, job_id: str, slots: int, *, preempted: bool) -> None:
+        pass
+
+    def pushed(self) -> None:
+        pass
+
+
+def make(clock: ManualClock, counters: JobCounters | None = None) -> tuple[Assigner, Jobs, Plans]:
+    jobs, plans = Jobs(), Plans()
+    assigner = Assigner(
+        DaemonRegistry(),
+        jobs,
+        heartbeat_interval=1.0,
+        clock=clock,
+        first_version=100,
+        event_delay=0,
+        counters=counters,
+        observer=plans,
+    )
+    return assigner, jobs, plans
+
+
+async def test_daemons_with_the_same_share_get_one_message_under_one_version(clock: ManualClock) -> None:
+    assigner, jobs, _ = make(clock)
+    daemons = [session(clock, f"d{i}") for i in range(5)]
+    for daemon in daemons:
+        assigner.connect(daemon)
+    for daemon in daemons:
+        await drain(daemon)
+    # When a job comes: every daemon's share changes alike
+    jobs.add("a")
+    assigner.replan()
+    messages = [m for daemon in daemons for m in await drain(daemon)]
+    # Then each gets it, all with the plan's one version, all the same message object
+    assert len(messages) == 5 and all(slots(m) == {"a": 4} for m in messages)
+    assert {m.assignment.version for m in messages} == {106}
+    assert all(m is messages[0] for m in messages)
+    # And the next plan's version is above it
+    clock.advance(1.0)  # past the hold
+    jobs.add("b")
+    assigner.replan()
+    again = [m for daemon in daemons for m in await drain(daemon)]
+    assert {m.assignment.version for m in again} == {107}
+
+
+async def test_a_resent_assignment_keeps_its_version(clock: ManualClock) -> None:
+    assigner, jobs, _ = make(clock)
+    jobs.add("a")
+    d1 = session(clock)
+    assigner.connect(d1)
+    [first] = await drain(d1)
+    clock.advance(2.0)
+    assigner.heartbeat(d1, daemons_pb2.Heartbeat(applied_version=0))
+    [again] = await drain(d1)
+    assert again.assignment == first.assignment
+
+
+def stats(job_id: str, done: int) -> daemons_pb2.Heartbeat:
+    return daemons_pb2.Heartbeat(stats=[daemons_pb2.JobStats(job_id=job_id, done=done, busy_slots=4)])
+
+
+async def test_reports_that_change_no_demand_cost_no_plan(clock: ManualClock) -> None:
+    counters = JobCounters()
+    assigner, jobs, plans = make(clock, counters)
+    jobs.add("a")  # no client report: its demand is unknown, so unbounded
+    d1 = session(clock)
+    assigner.connect(d1)
+    before = plans.count
+    # When heartbeats report tasks done, again and again
+    for done in range(1, 4):
+        assigner.heartbeat(d1, stats("a", done))
+        await asyncio.sleep(assigner_module.DEMAND_REPLAN_DELAY + 0.05)
+    # Then the counters moved, but no plan was made: the demand is unknown still
+    assert counters.counts("a").done == 3
+    assert plans.count == before and assigner.checks_skipped >= 1
+
+
+async def test_a_report_that_changes_demand_replans(clock: ManualClock) -> None:
+    counters = JobCounters()
+    assigner, jobs, plans = make(clock, counters)
+    jobs.add("a")
+    counters.client_report("a", submitted=10, received=0, now=clock())
+    d1 = session(clock)
+    assigner.connect(d1)
+    await drain(d1)
+    assert assigner.slots_of("a") == 4
+    before = plans.count
+    # When 8 of its 10 tasks are done: it can use 2 slots, not 4
+    assigner.heartbeat(d1, stats("a", 8))
+    await asyncio.sleep(assigner_module.DEMAND_REPLAN_DELAY + 0.05)
+    # Then it was planned again, and the daemon told
+    assert plans.count == before + 1
+    [message] = await drain(d1)
+    assert slots(message) == {"a": 2}
+
+
+async def test_the_same_stats_again_change_no_counter(clock: ManualClock) -> None:
+    counters = JobCounters()
+    assigner, jobs, _ = make(clock, counters)
+    jobs.add("a")
+    d1 = session(clock)
+    assigner.connect(d1)
+    assigner.heartbeat(d1, stats("a", 5))
+    counters.stored(counters.dirty())
+    assigner.heartbeat(d1, stats("a", 5))
+    assert counters.dirty() == {} and counters.counts("a").done == 5
+    assert [s.done for s in d1.stats] == [5]
+
+
+async def test_plans_asked_for_soon_wait_twice_the_last_plan(clock: ManualClock) -> None:
+    assigner, _, plans = make(clock)
+    assigner._plan_seconds = 0.3  # as if the last plan had taken 0.3 s
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    assigner.replan_soon(0.01)
+    assert assigner._soon is not None
+    assert assigner._soon.when() - asked >= 2 * 0.3 - 0.01
