@@ -150,6 +150,8 @@ class SchedulerLink:
             self.connected.set()
             self.nudge()  # the first heartbeat now, at the scheduler's interval from then on
         elif kind == "assignment":
+            if message.assignment.heartbeat_interval > 0:  # a large cluster's scheduler stretched it
+                self._heartbeat_interval = message.assignment.heartbeat_interval
             self.daemon.assign(message.assignment)
         elif kind == "drain":
             self.daemon.drain("scheduler")

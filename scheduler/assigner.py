@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Final, Protocol, final
@@ -46,6 +47,9 @@ REPLAN_DELAY: Final = 0.1
 """Seconds daemons connecting or leaving (and plans cut short) wait for the next plan."""
 DEMAND_REPLAN_DELAY: Final = 0.5
 """Seconds a change of demand may wait for the next plan (coalescing reports)."""
+DEFAULT_HEARTBEAT_BUDGET: Final = 2000.0
+"""Heartbeats per second all daemons together send at most, by default (see
+:meth:`Assigner.interval_for`): 2,000 daemons at 1 s cost the scheduler about half a core."""
 PLAN_DUTY: Final = 2.0
 """A plan asked for soon waits at least this many times the last plan's duration: planning
 takes at most a third of the event loop, whatever the cluster's size, so heartbeats and sends
@@ -73,6 +77,8 @@ class Assigner:
         registry: the connected daemons.
         jobs: returns the runnable jobs (the store is the source of truth).
         heartbeat_interval: seconds between the heartbeats daemons are asked for.
+        heartbeat_budget: heartbeats per second all daemons together send at most (0: no
+            limit); a larger cluster's daemons are asked for a longer interval.
         clock: monotonic time, injectable for tests.
         first_version: the version counter's start; defaults to the wall clock in ms.
         observer: told about each plan (its time, the slots it took from jobs, pushes).
@@ -84,6 +90,7 @@ class Assigner:
         jobs: Callable[[], Sequence[Job]],
         *,
         heartbeat_interval: float,
+        heartbeat_budget: float = 0.0,
         counters: JobCounters | None = None,
         events: JobEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -112,12 +119,28 @@ class Assigner:
         self.checks_skipped = 0
         """Demand checks that found no job's demand changed (no plan made)."""
         self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_budget = heartbeat_budget
         self._clock = clock
         self._version = int(time.time() * 1000) if first_version is None else first_version
         self._plan: Assignment = {}
         self._totals: dict[str, int] = {}
 
     # -- daemons -------------------------------------------------------------------------------
+
+    def interval_for(self, daemons: int) -> float:
+        """The heartbeat interval ``daemons`` daemons are asked for: :attr:`heartbeat_interval`,
+        or on a cluster whose heartbeats would exceed :attr:`heartbeat_budget` the smallest
+        multiple of it that keeps them within (10,000 daemons, 1 s, 2,000/s: 5 s)."""
+        base = self.heartbeat_interval
+        if self.heartbeat_budget <= 0 or daemons <= self.heartbeat_budget * base:
+            return base
+        return math.ceil(daemons / self.heartbeat_budget / base - 1e-9) * base
+
+    def welcome(self, session: DaemonSession) -> float:
+        """The interval a connecting daemon is told in Welcome (noted on its session)."""
+        interval = self.interval_for(len(self._registry) + 1)
+        session.heartbeat_interval = session.silence_interval = interval
+        return interval
 
     def connect(self, session: DaemonSession) -> None:
         """Registers a daemon's new session (replacing an older one) and replans."""
@@ -172,6 +195,7 @@ class Assigner:
         applied it."""
         now = self._clock()
         session.last_seen = now
+        session.silence_interval = session.heartbeat_interval
         session.applied_version = heartbeat.applied_version
         stats = heartbeat.stats
         changed: set[str] = set()
@@ -200,7 +224,7 @@ class Assigner:
         elif changed:
             self.demand_changed()
         stale = session.version and heartbeat.applied_version != session.version
-        if stale and now - session.sent_at >= 2 * self.heartbeat_interval:
+        if stale and now - session.sent_at >= 2 * (session.heartbeat_interval or self.heartbeat_interval):
             log.info(
                 "sched.assign.resent",
                 extra={
@@ -213,9 +237,9 @@ class Assigner:
 
     def expire(self) -> None:
         """Drops daemons silent for :data:`MISSED_HEARTBEATS` heartbeat intervals, then replans."""
-        limit = MISSED_HEARTBEATS * self.heartbeat_interval
-        lost = self._registry.silent_since(self._clock() - limit)
+        lost = self._registry.silent(self._clock(), MISSED_HEARTBEATS, self.heartbeat_interval)
         for session in lost:
+            limit = MISSED_HEARTBEATS * (session.silence_interval or self.heartbeat_interval)
             session.close(grpc.StatusCode.UNAVAILABLE, f"no heartbeat for {limit:g}s")
             self._registry.remove(session)
             log.warning(
@@ -226,9 +250,22 @@ class Assigner:
             self._replan_for_event()
 
     async def watch(self) -> None:
-        """Calls :meth:`expire` twice per heartbeat interval, until cancelled."""
+        """Calls :meth:`expire` twice per heartbeat interval, until cancelled.
+
+        A check that wakes up late (by over a quarter interval: the loop was busy, e.g. with a
+        long plan) is put off once, to the next: heartbeats that arrived meanwhile wait to be
+        read behind it, and the scheduler's own stall must not drop the daemons that sent them.
+        """
+        loop = asyncio.get_running_loop()
+        put_off = False
         while True:
+            due = loop.time() + self.heartbeat_interval / 2
             await asyncio.sleep(self.heartbeat_interval / 2)
+            if not put_off and loop.time() - due > self.heartbeat_interval / 4:
+                put_off = True
+                log.info("sched.expire.put_off", extra={"late": round(loop.time() - due, 3)})
+                continue
+            put_off = False
             self.expire()
 
     # -- planning ------------------------------------------------------------------------------
@@ -325,17 +362,22 @@ class Assigner:
         message per distinct share (daemons given the same slots of the same jobs get the same
         message object; most of a large cluster's daemons get one of a few)."""
         version = self._version + 1
-        messages: dict[tuple[tuple[str, int], ...], daemons_pb2.SchedulerMessage] = {}
+        interval = self.interval_for(len(sessions))
+        messages: dict[tuple[tuple[tuple[str, int], ...], float], daemons_pb2.SchedulerMessage] = {}
         pushed = 0
         detail = log.isEnabledFor(logging.DEBUG)
         for session in sessions:
             share = self._plan[session.daemon_id]
-            if session.version != 0 and share == session.held:
+            retell = bool(session.heartbeat_interval) and session.heartbeat_interval != interval
+            if session.version != 0 and share == session.held and not retell:
                 continue
-            key = tuple(share.items())
+            if retell:  # the cluster grew or shrank past a step of the heartbeat budget
+                session.silence_interval = max(session.heartbeat_interval, interval)
+                session.heartbeat_interval = interval
+            key = (tuple(share.items()), interval if retell else 0.0)
             message = messages.get(key)
             if message is None:
-                message = messages[key] = assignment_pb(version, share, jobs)
+                message = messages[key] = assignment_pb(version, share, jobs, key[1])
             if detail:
                 log.debug(
                     "sched.assign", extra={"daemon_id": session.daemon_id, "version": version, "jobs": share}
@@ -346,7 +388,12 @@ class Assigner:
             self._version = version
             log.info(
                 "sched.assigned",
-                extra={"version": version, "daemons": pushed, "distinct": len(messages)},
+                extra={
+                    "version": version,
+                    "daemons": pushed,
+                    "distinct": len(messages),
+                    "heartbeat_interval": interval,
+                },
             )
 
     def _demand(self, job: Job) -> int | None:
@@ -370,7 +417,9 @@ class Assigner:
     ) -> None:
         if jobs is None:
             jobs = {job.id: job for job in self._jobs() if job.id in share}
-        self._send(session, assignment_pb(version, share, jobs), share, version)
+        told = session.heartbeat_interval
+        again = told if told and told != self.heartbeat_interval else 0.0
+        self._send(session, assignment_pb(version, share, jobs, again), share, version)
 
     def _send(
         self,

@@ -68,7 +68,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         except SchedulerError as exc:
             log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
             await context.abort(exc.code, str(exc))
-        session.send(welcome_pb(self._brokers, self._assigner.heartbeat_interval))
+        session.send(welcome_pb(self._brokers, self._assigner.welcome(session)))
         self._assigner.connect(session)
         reader = asyncio.create_task(
             self._read(request_iterator, session), name=f"daemon-{session.daemon_id}"

@@ -36,7 +36,7 @@ from truba.proto.v1 import (
     schedules_pb2_grpc,
 )
 from truba.scheduler import timeline as task_timeline
-from truba.scheduler.assigner import Assigner
+from truba.scheduler.assigner import DEFAULT_HEARTBEAT_BUDGET, Assigner
 from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
 from truba.scheduler.call_metrics import CallCounter
@@ -93,6 +93,9 @@ class SchedulerConfig:
             statement (the scheduler's loop waits for it).
         listen: ``HOST:PORT`` to serve on; port 0 picks a free port (see :attr:`Scheduler.port`).
         heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
+        heartbeat_budget: heartbeats per second all daemons together send at most: with more than
+            ``budget * heartbeat_interval`` daemons each is told a longer interval, a multiple of
+            ``heartbeat_interval`` (:meth:`Assigner.interval_for`); 0: no limit.
         broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
         consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
@@ -108,6 +111,7 @@ class SchedulerConfig:
     state_dir: Path
     listen: str = DEFAULT_LISTEN
     heartbeat_interval: float = 2.0
+    heartbeat_budget: float = DEFAULT_HEARTBEAT_BUDGET
     broker_timeout: float = 10.0
     delete_wait: float = 5.0
     grpc_options: Sequence[tuple[str, int | str]] = field(default=())
@@ -127,6 +131,8 @@ class SchedulerConfig:
             raise ValueError("brokers: at least one AMQP URL is required")
         if not self.heartbeat_interval > 0:
             raise ValueError(f"heartbeat_interval: must be > 0, got {self.heartbeat_interval}")
+        if not self.heartbeat_budget >= 0:
+            raise ValueError(f"heartbeat_budget: must be >= 0, got {self.heartbeat_budget}")
         if not self.broker_timeout > 0:
             raise ValueError(f"broker_timeout: must be > 0, got {self.broker_timeout}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -218,6 +224,7 @@ class Scheduler:
             self._registry,
             last_known(store.list),
             heartbeat_interval=config.heartbeat_interval,
+            heartbeat_budget=config.heartbeat_budget,
             counters=counters,
             events=events,
             observer=self.metrics,

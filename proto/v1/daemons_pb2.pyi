@@ -520,7 +520,12 @@ class Assignment(_message.Message):
 
     VERSION_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     version: _builtins.int
+    heartbeat_interval: _builtins.float
+    """Seconds between heartbeats from now on; 0: as before (the Welcome's, or the last one given).
+    The scheduler stretches it on a large cluster, to keep all heartbeats within its budget.
+    """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
     def __init__(
@@ -528,10 +533,11 @@ class Assignment(_message.Message):
         *,
         version: _builtins.int = ...,
         jobs: _abc.Iterable[Global___JobSlots] | None = ...,
+        heartbeat_interval: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["jobs", b"jobs", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["heartbeat_interval", b"heartbeat_interval", "jobs", b"jobs", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

@@ -4,6 +4,7 @@ no plan for reports that change no job's demand, plans asked for soon spaced by 
 from __future__ import annotations
 
 import asyncio
+import time
 
 from tests.unit.scheduler.fakes import ManualClock
 from tests.unit.scheduler.test_assigner import Jobs, drain, session, slots
@@ -140,3 +141,85 @@ async def test_plans_asked_for_soon_wait_twice_the_last_plan(clock: ManualClock)
     assigner.replan_soon(0.01)
     assert assigner._soon is not None
     assert assigner._soon.when() - asked >= 2 * 0.3 - 0.01
+
+
+async def test_an_expiry_check_woken_late_by_a_stalled_loop_is_put_off_once(clock: ManualClock) -> None:
+    assigner = Assigner(DaemonRegistry(), Jobs(), heartbeat_interval=0.2, clock=clock, event_delay=0)
+    d1 = session(clock)
+    assigner.connect(d1)
+    clock.advance(10.0)  # silent for long (by the assigner's clock)
+    watching = asyncio.create_task(assigner.watch())
+    try:
+        await asyncio.sleep(0)  # the watchdog starts its first wait (0.1 s)
+        time.sleep(0.2)  # the loop is stalled past it: heartbeats could be waiting unread
+        await asyncio.sleep(0.02)
+        assert d1.end is None  # put off, not judged
+        await asyncio.sleep(0.15)
+        assert d1.end is not None  # the next check drops it
+    finally:
+        watching.cancel()
+
+
+def test_the_interval_grows_in_steps_to_keep_heartbeats_within_the_budget(clock: ManualClock) -> None:
+    assigner = Assigner(
+        DaemonRegistry(), Jobs(), heartbeat_interval=1.0, heartbeat_budget=2000.0, clock=clock
+    )
+    assert [assigner.interval_for(n) for n in (1, 2000, 2001, 4000, 5000, 10_000)] == [1, 1, 2, 2, 3, 5]
+    unlimited = Assigner(DaemonRegistry(), Jobs(), heartbeat_interval=1.0, clock=clock)
+    assert unlimited.interval_for(10_000) == 1.0
+
+
+async def test_daemons_are_told_a_longer_interval_as_the_cluster_grows_and_judged_by_it(
+    clock: ManualClock,
+) -> None:
+    assigner = Assigner(
+        DaemonRegistry(), Jobs(), heartbeat_interval=1.0, heartbeat_budget=2.0, clock=clock, event_delay=0
+    )
+    first, second = session(clock, "d1"), session(clock, "d2")
+    # The first two fit the budget (2 heartbeats/s): Welcome says 1 s
+    for daemon in (first, second):
+        assert assigner.welcome(daemon) == 1.0
+        assigner.connect(daemon)
+        await drain(daemon)
+    # When a third connects: its Welcome says 2 s, and the others hear it in an assignment
+    third = session(clock, "d3")
+    assert assigner.welcome(third) == 2.0
+    assigner.connect(third)
+    for daemon in (first, second):
+        [message] = await drain(daemon)
+        assert message.assignment.heartbeat_interval == 2.0
+        assert daemon.heartbeat_interval == 2.0
+    [message] = await drain(third)
+    assert message.assignment.heartbeat_interval == 0.0  # its Welcome said so already
+    # And silence is judged by the new interval: 3 s is not 3 missed heartbeats any more
+    clock.advance(3.5)
+    assigner.expire()
+    assert first.end is None and assigner.daemon_count == 3
+    clock.advance(3.0)
+    assigner.expire()
+    assert first.end is not None and assigner.daemon_count == 0
+
+
+async def test_a_daemon_told_a_shorter_interval_is_judged_by_the_longer_until_it_beats(
+    clock: ManualClock,
+) -> None:
+    assigner = Assigner(
+        DaemonRegistry(), Jobs(), heartbeat_interval=1.0, heartbeat_budget=1.0, clock=clock, event_delay=0
+    )
+    first, second = session(clock, "d1"), session(clock, "d2")
+    for daemon in (first, second):
+        assigner.welcome(daemon)
+        assigner.connect(daemon)
+    assert first.heartbeat_interval == 2.0 and second.heartbeat_interval == 2.0
+    # When the second leaves, the first is told 1 s, but may still wait its 2 s once
+    assigner.disconnect(second, "gone")
+    assert first.heartbeat_interval == 1.0 and first.silence_interval == 2.0
+    clock.advance(4.0)
+    assigner.expire()
+    assert first.end is None
+    # And after its next heartbeat, 1 s it is
+    assigner.heartbeat(first, daemons_pb2.Heartbeat(applied_version=first.version))
+    assert first.silence_interval == 1.0
+    clock.advance(3.5)
+    assigner.expire()
+    assert first.end is not None

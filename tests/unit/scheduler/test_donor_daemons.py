@@ -7,10 +7,9 @@ import time
 import pytest
 from hypothesis import given, settings
 
+from tests.unit.scheduler.test_planner_properties import Case, anything, saturated
 from truba.scheduler import moves
 from truba.scheduler.planner import Capacity, JobSpec, Policy, plan
-
-from .test_planner_properties import Case, anything, saturated
 
 
 def scan(self: moves._Rebalance, donor: str, receiver: str) -> tuple[str | None, bool]:
