@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, final
+from typing import Final, final
 
 import grpc
 
@@ -27,7 +26,9 @@ from truba.scheduler.convert import assignment_pb
 from truba.scheduler.counters import DaemonJobStats, JobCounters
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
+from truba.scheduler.heartbeat_budget import interval_for
 from truba.scheduler.model import Job, JobState
+from truba.scheduler.plan_observer import PlanObserver, effective_demand, observe_revocations
 from truba.scheduler.planner import (
     SCHEDULER_POLICY,
     Assignment,
@@ -47,26 +48,10 @@ REPLAN_DELAY: Final = 0.1
 """Seconds daemons connecting or leaving (and plans cut short) wait for the next plan."""
 DEMAND_REPLAN_DELAY: Final = 0.5
 """Seconds a change of demand may wait for the next plan (coalescing reports)."""
-DEFAULT_HEARTBEAT_BUDGET: Final = 2000.0
-"""Heartbeats per second all daemons together send at most, by default (see
-:meth:`Assigner.interval_for`): 2,000 daemons at 1 s cost the scheduler about half a core."""
 PLAN_DUTY: Final = 2.0
 """A plan asked for soon waits at least this many times the last plan's duration: planning
 takes at most a third of the event loop, whatever the cluster's size, so heartbeats and sends
 are never starved by a storm of events (a new job's own plan is made at once)."""
-
-
-class PlanObserver(Protocol):
-    """What the assigner tells its observer (the scheduler's metrics) about each plan."""
-
-    def planned(self, seconds: float, live_jobs: Sequence[str]) -> None:
-        """A plan took ``seconds``; ``live_jobs`` are the runnable jobs it covered."""
-
-    def revoked(self, job_id: str, slots: int, *, preempted: bool) -> None:
-        """The plan took ``slots`` from runnable job ``job_id``; ``preempted``: it still had work."""
-
-    def pushed(self) -> None:
-        """An assignment went to a daemon."""
 
 
 @final
@@ -112,7 +97,7 @@ class Assigner:
         self._soon: asyncio.TimerHandle | None = None
         self._check: asyncio.TimerHandle | None = None
         self._planned_demand: dict[str, int] = {}
-        """Each runnable job's demand as the last plan saw it (:func:`_effective`)."""
+        """Each runnable job's demand as the last plan saw it (``effective_demand``)."""
         self._planned_slots = 0
         self._plan_seconds = 0.0
         """How long the last plan took, with its pushes (wall time)."""
@@ -131,10 +116,7 @@ class Assigner:
         """The heartbeat interval ``daemons`` daemons are asked for: :attr:`heartbeat_interval`,
         or on a cluster whose heartbeats would exceed :attr:`heartbeat_budget` the smallest
         multiple of it that keeps them within (10,000 daemons, 1 s, 2,000/s: 5 s)."""
-        base = self.heartbeat_interval
-        if self.heartbeat_budget <= 0 or daemons <= self.heartbeat_budget * base:
-            return base
-        return math.ceil(daemons / self.heartbeat_budget / base - 1e-9) * base
+        return interval_for(daemons, self.heartbeat_interval, self.heartbeat_budget)
 
     def welcome(self, session: DaemonSession) -> float:
         """The interval a connecting daemon is told in Welcome (noted on its session)."""
@@ -304,7 +286,7 @@ class Assigner:
         if self._soon is not None:
             return
         total = self._planned_slots
-        demands = {job.id: _effective(self._demand(job), total) for job in self._jobs() if job.runnable}
+        demands = {job.id: effective_demand(self._demand(job), total) for job in self._jobs() if job.runnable}
         if demands != self._planned_demand:
             self.replan()
         else:
@@ -334,13 +316,13 @@ class Assigner:
         ]
         specs = [self._spec(job) for job in jobs.values()]
         total = sum(c.slots for c in capacities)
-        self._planned_demand = {spec.id: _effective(spec.demand, total) for spec in specs}
+        self._planned_demand = {spec.id: effective_demand(spec.demand, total) for spec in specs}
         self._planned_slots = total
         started = time.perf_counter()
         result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
         if self._observer is not None:
             self._observer.planned(time.perf_counter() - started, list(jobs))
-            _observe_revocations(self._observer, current, result.assignment, specs)
+            observe_revocations(self._observer, current, result.assignment, specs)
         for pair in gains(current, result.assignment):
             self._given_at[pair] = now
         self._plan = result.assignment
@@ -494,30 +476,3 @@ class Assigner:
     def _patterns(self) -> str:
         patterns = sorted({p for s in self._registry for p in s.info.allow})
         return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"
-
-
-def _effective(demand: int | None, slots: int) -> int:
-    """A job's demand as the planner tells it apart on a cluster of ``slots`` slots: it only
-    caps the job's slots (with what its daemons have, at most ``slots``), so unknown demand and
-    any demand of ``slots`` or more plan alike."""
-    return slots if demand is None else min(demand, slots)
-
-
-def _observe_revocations(
-    observer: PlanObserver, before: Assignment, after: Assignment, specs: Sequence[JobSpec]
-) -> None:
-    """Tells ``observer`` the slots each runnable job lost from ``before`` to ``after``: preempted
-    when the job's demand (unknown counts as unbounded) exceeds what it keeps, released otherwise."""
-    kept = job_totals(after)
-    lost: dict[str, int] = {}
-    for daemon_id, held in before.items():
-        now = after.get(daemon_id, {})
-        for job_id, n in held.items():
-            gone = n - now.get(job_id, 0)
-            if gone > 0:
-                lost[job_id] = lost.get(job_id, 0) + gone
-    for spec in specs:
-        taken = lost.get(spec.id, 0)
-        if taken:
-            preempted = spec.demand is None or spec.demand > kept.get(spec.id, 0)
-            observer.revoked(spec.id, taken, preempted=preempted)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 from truba import logs
 from truba.channel import TOKEN_ENV
-from truba.scheduler.assigner import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.errors import SchedulerError
+from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
 

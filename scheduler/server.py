@@ -36,7 +36,7 @@ from truba.proto.v1 import (
     schedules_pb2_grpc,
 )
 from truba.scheduler import timeline as task_timeline
-from truba.scheduler.assigner import DEFAULT_HEARTBEAT_BUDGET, Assigner
+from truba.scheduler.assigner import Assigner
 from truba.scheduler.auth import TokenAuth
 from truba.scheduler.brokers import Brokers
 from truba.scheduler.call_metrics import CallCounter
@@ -46,6 +46,7 @@ from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
+from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.history import JobHistory
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
@@ -95,7 +96,7 @@ class SchedulerConfig:
         heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
         heartbeat_budget: heartbeats per second all daemons together send at most: with more than
             ``budget * heartbeat_interval`` daemons each is told a longer interval, a multiple of
-            ``heartbeat_interval`` (:meth:`Assigner.interval_for`); 0: no limit.
+            ``heartbeat_interval`` (:func:`~truba.scheduler.heartbeat_budget.interval_for`); 0: no limit.
         broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
         consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
