@@ -233,6 +233,8 @@ class SchedulerLink:
                 return
             self.epoch = max(self.epoch, epoch)
             self.applied_epoch = epoch
+            if message.assignment.heartbeat_interval > 0:  # a large cluster's scheduler stretched it
+                self._heartbeat_interval = message.assignment.heartbeat_interval
             self.daemon.assign(message.assignment)
         elif kind == "drain":
             self.daemon.drain("scheduler")

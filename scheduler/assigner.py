@@ -16,7 +16,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Final, Protocol, final
+from typing import Final, final
 
 import grpc
 
@@ -26,8 +26,19 @@ from truba.scheduler.convert import assignment_pb
 from truba.scheduler.counters import DaemonJobStats, JobCounters
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
+from truba.scheduler.heartbeat_budget import interval_for
 from truba.scheduler.model import Job, JobState
-from truba.scheduler.planner import Assignment, Capacity, JobSpec, Policy, gains, job_totals, plan
+from truba.scheduler.plan_observer import PlanObserver, effective_demand, observe_revocations
+from truba.scheduler.planner import (
+    SCHEDULER_POLICY,
+    Assignment,
+    Capacity,
+    JobSpec,
+    Policy,
+    gains,
+    job_totals,
+    plan,
+)
 from truba.scheduler.registry import DaemonRegistry, DaemonSession
 
 log = logging.getLogger(__name__)
@@ -37,19 +48,10 @@ REPLAN_DELAY: Final = 0.1
 """Seconds daemons connecting or leaving (and plans cut short) wait for the next plan."""
 DEMAND_REPLAN_DELAY: Final = 0.5
 """Seconds a change of demand may wait for the next plan (coalescing reports)."""
-
-
-class PlanObserver(Protocol):
-    """What the assigner tells its observer (the scheduler's metrics) about each plan."""
-
-    def planned(self, seconds: float, live_jobs: Sequence[str]) -> None:
-        """A plan took ``seconds``; ``live_jobs`` are the runnable jobs it covered."""
-
-    def revoked(self, job_id: str, slots: int, *, preempted: bool) -> None:
-        """The plan took ``slots`` from runnable job ``job_id``; ``preempted``: it still had work."""
-
-    def pushed(self) -> None:
-        """An assignment went to a daemon."""
+PLAN_DUTY: Final = 2.0
+"""A plan asked for soon waits at least this many times the last plan's duration: planning
+takes at most a third of the event loop, whatever the cluster's size, so heartbeats and sends
+are never starved by a storm of events (a new job's own plan is made at once)."""
 
 
 @final
@@ -60,6 +62,8 @@ class Assigner:
         registry: the connected daemons.
         jobs: returns the runnable jobs (the store is the source of truth).
         heartbeat_interval: seconds between the heartbeats daemons are asked for.
+        heartbeat_budget: heartbeats per second all daemons together send at most (0: no
+            limit); a larger cluster's daemons are asked for a longer interval.
         clock: monotonic time, injectable for tests.
         first_version: the version counter's start; defaults to the wall clock in ms.
         observer: told about each plan (its time, the slots it took from jobs, pushes).
@@ -71,6 +75,7 @@ class Assigner:
         jobs: Callable[[], Sequence[Job]],
         *,
         heartbeat_interval: float,
+        heartbeat_budget: float = 0.0,
         counters: JobCounters | None = None,
         events: JobEvents | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -81,7 +86,7 @@ class Assigner:
     ) -> None:
         self.event_delay = event_delay
         self._observer = observer
-        self._policy = policy or Policy()
+        self._policy = policy or SCHEDULER_POLICY
         self._registry = registry
         self._jobs = jobs
         self._counters = counters or JobCounters()
@@ -90,13 +95,34 @@ class Assigner:
         """(daemon id, job id) -> when the job last gained a slot there (for the planner's hold)."""
         self._targets: dict[str, float] = {}
         self._soon: asyncio.TimerHandle | None = None
+        self._check: asyncio.TimerHandle | None = None
+        self._planned_demand: dict[str, int] = {}
+        """Each runnable job's demand as the last plan saw it (``effective_demand``)."""
+        self._planned_slots = 0
+        self._plan_seconds = 0.0
+        """How long the last plan took, with its pushes (wall time)."""
+        self.checks_skipped = 0
+        """Demand checks that found no job's demand changed (no plan made)."""
         self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_budget = heartbeat_budget
         self._clock = clock
         self._version = int(time.time() * 1000) if first_version is None else first_version
         self._plan: Assignment = {}
         self._totals: dict[str, int] = {}
 
     # -- daemons -------------------------------------------------------------------------------
+
+    def interval_for(self, daemons: int) -> float:
+        """The heartbeat interval ``daemons`` daemons are asked for: :attr:`heartbeat_interval`,
+        or on a cluster whose heartbeats would exceed :attr:`heartbeat_budget` the smallest
+        multiple of it that keeps them within (10,000 daemons, 1 s, 2,000/s: 5 s)."""
+        return interval_for(daemons, self.heartbeat_interval, self.heartbeat_budget)
+
+    def welcome(self, session: DaemonSession) -> float:
+        """The interval a connecting daemon is told in Welcome (noted on its session)."""
+        interval = self.interval_for(len(self._registry) + 1)
+        session.heartbeat_interval = session.silence_interval = interval
+        return interval
 
     def connect(self, session: DaemonSession) -> None:
         """Registers a daemon's new session (replacing an older one) and replans."""
@@ -151,22 +177,26 @@ class Assigner:
         applied it."""
         now = self._clock()
         session.last_seen = now
+        session.silence_interval = session.heartbeat_interval
         session.applied_version = heartbeat.applied_version
-        session.stats = list(heartbeat.stats)
-        changed = self._counters.daemon_report(
-            session.daemon_id,
-            (
-                DaemonJobStats(
-                    job_id=s.job_id,
-                    done=s.done,
-                    failed=s.failed,
-                    busy=s.busy_slots,
-                    waiting=s.waiting,
-                    service_time=s.service_time,
-                )
-                for s in heartbeat.stats
-            ),
-        )
+        stats = heartbeat.stats
+        changed: set[str] = set()
+        if stats != session.stats:  # the same numbers as last time change no counter: skip them
+            session.stats = list(stats)
+            changed = self._counters.daemon_report(
+                session.daemon_id,
+                (
+                    DaemonJobStats(
+                        job_id=s.job_id,
+                        done=s.done,
+                        failed=s.failed,
+                        busy=s.busy_slots,
+                        waiting=s.waiting,
+                        service_time=s.service_time,
+                    )
+                    for s in stats
+                ),
+            )
         for job_id in changed:
             self._events.publish(job_id, EventKind.PROGRESS)
         if heartbeat.draining and not session.draining:
@@ -176,7 +206,7 @@ class Assigner:
         elif changed:
             self.demand_changed()
         stale = session.version and heartbeat.applied_version != session.version
-        if stale and now - session.sent_at >= 2 * self.heartbeat_interval:
+        if stale and now - session.sent_at >= 2 * (session.heartbeat_interval or self.heartbeat_interval):
             log.info(
                 "sched.assign.resent",
                 extra={
@@ -189,9 +219,9 @@ class Assigner:
 
     def expire(self) -> None:
         """Drops daemons silent for :data:`MISSED_HEARTBEATS` heartbeat intervals, then replans."""
-        limit = MISSED_HEARTBEATS * self.heartbeat_interval
-        lost = self._registry.silent_since(self._clock() - limit)
+        lost = self._registry.silent(self._clock(), MISSED_HEARTBEATS, self.heartbeat_interval)
         for session in lost:
+            limit = MISSED_HEARTBEATS * (session.silence_interval or self.heartbeat_interval)
             session.close(grpc.StatusCode.UNAVAILABLE, f"no heartbeat for {limit:g}s")
             self._registry.remove(session)
             log.warning(
@@ -202,9 +232,22 @@ class Assigner:
             self._replan_for_event()
 
     async def watch(self) -> None:
-        """Calls :meth:`expire` twice per heartbeat interval, until cancelled."""
+        """Calls :meth:`expire` twice per heartbeat interval, until cancelled.
+
+        A check that wakes up late (by over a quarter interval: the loop was busy, e.g. with a
+        long plan) is put off once, to the next: heartbeats that arrived meanwhile wait to be
+        read behind it, and the scheduler's own stall must not drop the daemons that sent them.
+        """
+        loop = asyncio.get_running_loop()
+        put_off = False
         while True:
+            due = loop.time() + self.heartbeat_interval / 2
             await asyncio.sleep(self.heartbeat_interval / 2)
+            if not put_off and loop.time() - due > self.heartbeat_interval / 4:
+                put_off = True
+                log.info("sched.expire.put_off", extra={"late": round(loop.time() - due, 3)})
+                continue
+            put_off = False
             self.expire()
 
     # -- planning ------------------------------------------------------------------------------
@@ -216,6 +259,7 @@ class Assigner:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop (a synchronous test): the next event replans
             return
+        delay = max(delay, PLAN_DUTY * self._plan_seconds)
         due = loop.time() + delay
         if self._soon is not None:
             if self._soon.when() <= due:
@@ -224,9 +268,29 @@ class Assigner:
         self._soon = loop.call_later(delay, self.replan)
 
     def demand_changed(self) -> None:
-        """Counters moved: replan within :data:`DEMAND_REPLAN_DELAY` (demand drifts with every
-        report; following each would cost a plan per heartbeat)."""
-        self.replan_soon(DEMAND_REPLAN_DELAY)
+        """Counters moved: within :data:`DEMAND_REPLAN_DELAY` seconds, replan if some runnable
+        job's demand, as far as a plan can tell it apart, is not the one the last plan used
+        (demand drifts with every report; following each would cost a plan per heartbeat, and on
+        a busy cluster most reports change no job's plan: an unknown demand, or one beyond the
+        cluster's slots, stays so)."""
+        if self._soon is not None or self._check is not None:
+            return  # a plan or a check is due anyway
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a synchronous test): the next event replans
+            return
+        self._check = loop.call_later(DEMAND_REPLAN_DELAY, self._check_demand)
+
+    def _check_demand(self) -> None:
+        self._check = None
+        if self._soon is not None:
+            return
+        total = self._planned_slots
+        demands = {job.id: effective_demand(self._demand(job), total) for job in self._jobs() if job.runnable}
+        if demands != self._planned_demand:
+            self.replan()
+        else:
+            self.checks_skipped += 1
 
     def _replan_for_event(self) -> None:
         """Daemons connecting or leaving replan after :attr:`event_delay` seconds, so that a
@@ -239,6 +303,7 @@ class Assigner:
 
     def replan(self) -> None:
         """Plans again and pushes a new assignment to every daemon whose share changed."""
+        began = time.perf_counter()
         if self._soon is not None:
             self._soon.cancel()
             self._soon = None
@@ -250,11 +315,14 @@ class Assigner:
             s.info.capacity if not s.draining else Capacity(s.daemon_id, 0, s.info.allow) for s in sessions
         ]
         specs = [self._spec(job) for job in jobs.values()]
+        total = sum(c.slots for c in capacities)
+        self._planned_demand = {spec.id: effective_demand(spec.demand, total) for spec in specs}
+        self._planned_slots = total
         started = time.perf_counter()
         result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
         if self._observer is not None:
             self._observer.planned(time.perf_counter() - started, list(jobs))
-            _observe_revocations(self._observer, current, result.assignment, specs)
+            observe_revocations(self._observer, current, result.assignment, specs)
         for pair in gains(current, result.assignment):
             self._given_at[pair] = now
         self._plan = result.assignment
@@ -264,19 +332,51 @@ class Assigner:
             if totals.get(job_id, 0) != self._totals.get(job_id, 0):
                 self._events.publish(job_id, EventKind.SLOTS)
         self._totals = totals
-        for session in sessions:
-            share = self._plan[session.daemon_id]
-            if session.version == 0 or share != session.held:
-                self._version += 1
-                log.info(
-                    "sched.assign",
-                    extra={"daemon_id": session.daemon_id, "version": self._version, "jobs": share},
-                )
-                self._push(session, share, self._version, jobs)
+        self._push_plan(sessions, jobs)
         live = {s.daemon_id for s in sessions}
         self._given_at = {k: t for k, t in self._given_at.items() if k[0] in live and k[1] in jobs}
+        self._plan_seconds = time.perf_counter() - began
         if not result.settled:
             self.replan_soon()
+
+    def _push_plan(self, sessions: Sequence[DaemonSession], jobs: dict[str, Job]) -> None:
+        """Sends each daemon whose share changed its new one: all under one new version, and one
+        message per distinct share (daemons given the same slots of the same jobs get the same
+        message object; most of a large cluster's daemons get one of a few)."""
+        version = self._version + 1
+        interval = self.interval_for(len(sessions))
+        messages: dict[tuple[tuple[tuple[str, int], ...], float], daemons_pb2.SchedulerMessage] = {}
+        pushed = 0
+        detail = log.isEnabledFor(logging.DEBUG)
+        for session in sessions:
+            share = self._plan[session.daemon_id]
+            retell = bool(session.heartbeat_interval) and session.heartbeat_interval != interval
+            if session.version != 0 and share == session.held and not retell:
+                continue
+            if retell:  # the cluster grew or shrank past a step of the heartbeat budget
+                session.silence_interval = max(session.heartbeat_interval, interval)
+                session.heartbeat_interval = interval
+            key = (tuple(share.items()), interval if retell else 0.0)
+            message = messages.get(key)
+            if message is None:
+                message = messages[key] = assignment_pb(version, share, jobs, key[1])
+            if detail:
+                log.debug(
+                    "sched.assign", extra={"daemon_id": session.daemon_id, "version": version, "jobs": share}
+                )
+            self._send(session, message, share, version)
+            pushed += 1
+        if pushed:
+            self._version = version
+            log.info(
+                "sched.assigned",
+                extra={
+                    "version": version,
+                    "daemons": pushed,
+                    "distinct": len(messages),
+                    "heartbeat_interval": interval,
+                },
+            )
 
     def _demand(self, job: Job) -> int | None:
         closed = job.submitted if job.state is JobState.CLOSED else None
@@ -299,7 +399,18 @@ class Assigner:
     ) -> None:
         if jobs is None:
             jobs = {job.id: job for job in self._jobs() if job.id in share}
-        session.send(assignment_pb(version, share, jobs))
+        told = session.heartbeat_interval
+        again = told if told and told != self.heartbeat_interval else 0.0
+        self._send(session, assignment_pb(version, share, jobs, again), share, version)
+
+    def _send(
+        self,
+        session: DaemonSession,
+        message: daemons_pb2.SchedulerMessage,
+        share: dict[str, int],
+        version: int,
+    ) -> None:
+        session.send(message)
         if self._observer is not None:
             self._observer.pushed()
         session.held = share
@@ -365,19 +476,3 @@ class Assigner:
     def _patterns(self) -> str:
         patterns = sorted({p for s in self._registry for p in s.info.allow})
         return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"
-
-
-def _observe_revocations(
-    observer: PlanObserver, before: Assignment, after: Assignment, specs: Sequence[JobSpec]
-) -> None:
-    """Tells ``observer`` the slots each runnable job lost from ``before`` to ``after``: preempted
-    when the job's demand (unknown counts as unbounded) exceeds what it keeps, released otherwise."""
-    kept = job_totals(after)
-    for spec in specs:
-        lost = sum(
-            max(0, held.get(spec.id, 0) - after.get(daemon_id, {}).get(spec.id, 0))
-            for daemon_id, held in before.items()
-        )
-        if lost:
-            preempted = spec.demand is None or spec.demand > kept.get(spec.id, 0)
-            observer.revoked(spec.id, lost, preempted=preempted)

@@ -19,6 +19,7 @@ from truba import logs
 from truba.channel import TOKEN_ENV
 from truba.scheduler import ha
 from truba.scheduler.errors import SchedulerError
+from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.lease import DEFAULT_TTL
 from truba.scheduler.lifecycle import DEFAULT_CONSUMER_TIMEOUT, DEFAULT_KEEP_DEAD
 from truba.scheduler.server import DEFAULT_LISTEN, Scheduler, SchedulerConfig
@@ -107,6 +108,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="seconds between daemon heartbeats; 3 missed ones drop a daemon (default: 2)",
     )
     parser.add_argument(
+        "--heartbeat-budget",
+        type=float,
+        default=DEFAULT_HEARTBEAT_BUDGET,
+        metavar="PER_SECOND",
+        help="heartbeats per second all daemons together send at most: a larger cluster is told a"
+        f" longer interval (default: {DEFAULT_HEARTBEAT_BUDGET:g}; 0: no limit)",
+    )
+    parser.add_argument(
         "--consumer-timeout",
         type=float,
         default=DEFAULT_CONSUMER_TIMEOUT,
@@ -152,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
             state_dir=args.state or default_state_dir(),
             listen=listen,
             heartbeat_interval=args.heartbeat_interval,
+            heartbeat_budget=args.heartbeat_budget,
             consumer_timeout=args.consumer_timeout,
             keep_dead=args.keep_dead,
             token=_token(args.token_file),

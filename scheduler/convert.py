@@ -88,11 +88,15 @@ def job_pb(
     )
 
 
-def assignment_pb(version: int, slots: dict[str, int], jobs: dict[str, Job]) -> daemons_pb2.SchedulerMessage:
-    """An Assignment message: ``slots`` (job id -> slots) with each job's handler and queues."""
+def assignment_pb(
+    version: int, slots: dict[str, int], jobs: dict[str, Job], heartbeat_interval: float = 0.0
+) -> daemons_pb2.SchedulerMessage:
+    """An Assignment message: ``slots`` (job id -> slots) with each job's handler and queues, and
+    a new heartbeat interval if not 0."""
     return daemons_pb2.SchedulerMessage(
         assignment=daemons_pb2.Assignment(
             version=version,
+            heartbeat_interval=heartbeat_interval,
             jobs=[
                 daemons_pb2.JobSlots(
                     job_id=job_id,

@@ -77,7 +77,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         except SchedulerError as exc:
             log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
             await context.abort(exc.code, str(exc))
-        welcome = welcome_pb(self._brokers, self._assigner.heartbeat_interval)
+        welcome = welcome_pb(self._brokers, self._assigner.welcome(session))
         welcome.welcome.epoch = self._epoch
         session.send(welcome)
         self._assigner.connect(session)

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from truba.scheduler.chains import Chains, Hop
+from truba.scheduler.donor_daemons import DonorDaemons
 from truba.scheduler.draft import DraftAssignment
 from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.waterfill import KEY_DIGITS
@@ -104,6 +105,7 @@ class _Rebalance:
         self.on_hold = on_hold
         self.chains = chains
         self.deadband = deadband
+        self.daemons = DonorDaemons(draft, pools, handler, on_hold)
         self.dev = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
         self.receivers: list[tuple[bool, float, int, str]] = []
         self.donors: list[tuple[float, int, str]] = []
@@ -141,6 +143,8 @@ class _Rebalance:
                 else:
                     self.draft.move(daemon, giver, taker)
                 self.chains.moved(daemon, giver, taker)
+                self.daemons.changed(daemon, giver)
+                self.daemons.changed(daemon, taker)
             donor, receiver = hops[0][1], hops[-1][2]
             if donor is not None:
                 self.dev[donor] -= 1
@@ -217,20 +221,11 @@ class _Rebalance:
         return found, stop
 
     def _daemon_for(self, donor: str, receiver: str) -> tuple[str | None, bool]:
-        """The donor's daemon to take from, and whether some daemon was ruled out by the hold."""
-        best: tuple[int, int, str] | None = None
-        held = False
-        mine = self.draft.by_job.get(receiver, {})
-        for daemon, n in self.draft.by_job.get(donor, {}).items():
-            if not self.pools.may_run(daemon, self.handler[receiver]):
-                continue
-            if self.on_hold(daemon, donor):
-                held = True
-                continue
-            key = (mine.get(daemon, 0), -n, daemon)
-            if best is None or key < best:
-                best = key
-        return (best[2] if best is not None else None), held
+        """The donor's daemon to take from: where the receiver has the fewest slots, the donor
+        the most, lowest id on ties, among those that may run the receiver's handler and are not
+        on hold (:class:`~truba.scheduler.donor_daemons.DonorDaemons`); and whether some daemon
+        was ruled out by the hold (when none is found)."""
+        return self.daemons.pick(donor, receiver)
 
 
 def _nobody(job: str) -> bool:

@@ -37,7 +37,17 @@ from truba.scheduler.moves import rebalance
 from truba.scheduler.placement import shed, spread, trim
 from truba.scheduler.waterfill import KEY_DIGITS, distribute
 
-__all__ = ["Assignment", "Capacity", "JobSpec", "Plan", "Policy", "gains", "job_totals", "plan"]
+__all__ = [
+    "SCHEDULER_POLICY",
+    "Assignment",
+    "Capacity",
+    "JobSpec",
+    "Plan",
+    "Policy",
+    "gains",
+    "job_totals",
+    "plan",
+]
 
 
 @dataclass(frozen=True)
@@ -91,10 +101,16 @@ class Policy:
             while a job a full slot short (3 + 1 for two equal jobs on 4 slots) is still fixed.
             Up to 1.0 every job still ends within one slot of its share (at 0.5 or less Kueue's
             rule alone decides).
-        max_moves: slots moved from one job to another per plan; each may interrupt a running
-            task. 512 lets a cluster of up to 512 slots converge in one plan, and bounds the
-            churn of one event on a large one (a job taking half of 10,000 slots converges in
-            ten plans). 0 forbids moves. A plan stopped short says so (:attr:`Plan.settled`).
+        max_moves: slots moved from one job to another per plan, at least; each may interrupt a
+            running task. 512 lets a cluster of up to 512 slots converge in one plan. 0 forbids
+            moves. A plan stopped short says so (:attr:`Plan.settled`).
+        max_moves_share: on a larger cluster the cap is this share of its slots instead (when
+            that is more than ``max_moves``); 0 (the default here) keeps ``max_moves`` alone,
+            the scheduler's assigner uses 0.5 (:data:`SCHEDULER_POLICY`). 0.5 lets a new job
+            take up to half of a 60,000-slot cluster in one plan, where a fixed 512 took thirty
+            plans, each a replan delay apart (seconds before the job reached every daemon it was
+            due). The churn of one event is the same either way (the moves are owed); the cap
+            spreads it over at most two plans, and still stops a runaway plan.
         min_hold: seconds a job keeps a slot it got on a daemon before that daemon's slots of it
             may be moved to another job: a new job's share arrives within a second even when
             another new job just got slots, yet a slot never changes hands faster than this.
@@ -103,13 +119,24 @@ class Policy:
     deadband: float = 1.0
     max_moves: int = 512
     min_hold: float = 0.5
+    max_moves_share: float = 0.0
 
     def __post_init__(self) -> None:
         if self.deadband < 0 or self.max_moves < 0 or self.min_hold < 0:
             raise ValueError("deadband, max_moves and min_hold must be >= 0")
+        if not 0 <= self.max_moves_share <= 1:
+            raise ValueError("max_moves_share must be within [0, 1]")
+
+    def move_cap(self, slots: int) -> int:
+        """The most slots one plan moves on a cluster of ``slots`` slots."""
+        if self.max_moves == 0:
+            return 0
+        return max(self.max_moves, int(self.max_moves_share * slots))
 
 
 DEFAULT_POLICY: Final = Policy()
+SCHEDULER_POLICY: Final = Policy(max_moves_share=0.5)
+"""The scheduler's: a large cluster moves up to half its slots per plan (see ``max_moves_share``)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +210,7 @@ def plan(
 
     moves = 0
     settled = True
+    cap = policy.move_cap(sum(slots.values()))
     _hand_out(draft, pools, shares, jobs_of, ceiling, slots)
     while True:
         outcome = rebalance(
@@ -195,7 +223,7 @@ def plan(
             handler=handler,
             on_hold=on_hold,
             deadband=policy.deadband,
-            max_moves=policy.max_moves - moves,
+            max_moves=cap - moves,
         )
         moves += outcome.moves
         settled = settled and outcome.settled

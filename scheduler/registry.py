@@ -59,6 +59,11 @@ class DaemonSession:
         """Per-job counters of the last heartbeat."""
         self.running = DaemonRunning()
         """The task attempts in progress, as of the last heartbeat."""
+        self.heartbeat_interval = 0.0
+        """The interval this daemon was told (Welcome, then assignments); 0 before Welcome."""
+        self.silence_interval = 0.0
+        """The interval its silence is judged by: the longer of the last two it was told, until
+        its next heartbeat (a daemon told a shorter one may still wait the longer one once)."""
         self.end: tuple[grpc.StatusCode, str] | None = None
         """Why the scheduler ended the stream (status and details), once it has."""
         self._outbox: collections.deque[daemons_pb2.SchedulerMessage] = collections.deque()
@@ -134,6 +139,12 @@ class DaemonRegistry:
     def silent_since(self, deadline: float) -> list[DaemonSession]:
         """Sessions last heard from before ``deadline`` (a monotonic time)."""
         return [s for s in self._sessions.values() if s.last_seen < deadline]
+
+    def silent(self, now: float, missed: int, default: float) -> list[DaemonSession]:
+        """Sessions silent for ``missed`` of their intervals (``default`` for one not told any)."""
+        return [
+            s for s in self._sessions.values() if now - s.last_seen > missed * (s.silence_interval or default)
+        ]
 
     @property
     def total_slots(self) -> int:

@@ -32,7 +32,13 @@ class DaemonRunning:
 
     @classmethod
     def of(cls, heartbeat: daemons_pb2.Heartbeat) -> DaemonRunning:
+        if not heartbeat.attempts and not heartbeat.attempts_left_out:
+            return NOTHING  # an idle daemon's heartbeat: one shared empty list, nothing built
         return cls(heartbeat.attempts, dict(heartbeat.attempts_left_out))
+
+
+NOTHING: Final = DaemonRunning()
+"""Nothing runs (shared: it is immutable)."""
 
 
 class Running(NamedTuple):

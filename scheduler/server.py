@@ -46,6 +46,7 @@ from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
+from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.history import JobHistory
 from truba.scheduler.janitor import QueueJanitor
 from truba.scheduler.jobs import JobServicer
@@ -95,6 +96,9 @@ class SchedulerConfig:
             statement (the scheduler's loop waits for it).
         listen: ``HOST:PORT`` to serve on; port 0 picks a free port (see :attr:`Scheduler.port`).
         heartbeat_interval: seconds between daemon heartbeats; 3 missed ones drop the daemon.
+        heartbeat_budget: heartbeats per second all daemons together send at most: with more than
+            ``budget * heartbeat_interval`` daemons each is told a longer interval, a multiple of
+            ``heartbeat_interval`` (:func:`~truba.scheduler.heartbeat_budget.interval_for`); 0: no limit.
         broker_timeout: bound on connecting to a broker and on each queue operation, seconds.
         delete_wait: how long FinishJob/CancelJob wait for queue deletion before answering.
         consumer_timeout: the brokers' delivery-ack timeout, seconds (rabbitmq.conf
@@ -115,6 +119,7 @@ class SchedulerConfig:
     state_dir: Path
     listen: str = DEFAULT_LISTEN
     heartbeat_interval: float = 2.0
+    heartbeat_budget: float = DEFAULT_HEARTBEAT_BUDGET
     broker_timeout: float = 10.0
     delete_wait: float = 5.0
     grpc_options: Sequence[tuple[str, int | str]] = field(default=())
@@ -136,6 +141,8 @@ class SchedulerConfig:
             raise ValueError("brokers: at least one AMQP URL is required")
         if not self.heartbeat_interval > 0:
             raise ValueError(f"heartbeat_interval: must be > 0, got {self.heartbeat_interval}")
+        if not self.heartbeat_budget >= 0:
+            raise ValueError(f"heartbeat_budget: must be >= 0, got {self.heartbeat_budget}")
         if not self.broker_timeout > 0:
             raise ValueError(f"broker_timeout: must be > 0, got {self.broker_timeout}")
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -237,6 +244,7 @@ class Scheduler:
             self._registry,
             last_known(store.list),
             heartbeat_interval=config.heartbeat_interval,
+            heartbeat_budget=config.heartbeat_budget,
             counters=counters,
             events=events,
             observer=self.metrics,

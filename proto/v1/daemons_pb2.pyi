@@ -531,10 +531,15 @@ class Assignment(_message.Message):
     VERSION_FIELD_NUMBER: _builtins.int
     JOBS_FIELD_NUMBER: _builtins.int
     EPOCH_FIELD_NUMBER: _builtins.int
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _builtins.int
     version: _builtins.int
     epoch: _builtins.int
     """The sending leader's epoch; a daemon ignores an assignment older than the highest it saw
     (a former leader's), so no two schedulers steer it at once.
+    """
+    heartbeat_interval: _builtins.float
+    """Seconds between heartbeats from now on; 0: as before (the Welcome's, or the last one given).
+    The scheduler stretches it on a large cluster, to keep all heartbeats within its budget.
     """
     @_builtins.property
     def jobs(self) -> _containers.RepeatedCompositeFieldContainer[Global___JobSlots]: ...
@@ -544,10 +549,11 @@ class Assignment(_message.Message):
         version: _builtins.int = ...,
         jobs: _abc.Iterable[Global___JobSlots] | None = ...,
         epoch: _builtins.int = ...,
+        heartbeat_interval: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "jobs", b"jobs", "version", b"version"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["epoch", b"epoch", "heartbeat_interval", b"heartbeat_interval", "jobs", b"jobs", "version", b"version"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

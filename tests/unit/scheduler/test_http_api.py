@@ -16,8 +16,8 @@ import pytest
 
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.scheduler import Scheduler, SchedulerConfig
-from truba.scheduler.assigner import _observe_revocations
 from truba.scheduler.cli import http_address
+from truba.scheduler.plan_observer import observe_revocations as _observe_revocations
 from truba.scheduler.planner import JobSpec
 
 NO_BROKER = "amqp://guest:guest@127.0.0.1:1/"
