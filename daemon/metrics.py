@@ -83,6 +83,12 @@ class LinkCounts(Protocol):
     @property
     def is_connected(self) -> bool: ...
 
+    @property
+    def epoch(self) -> int: ...
+
+    @property
+    def stale_assignments(self) -> int: ...
+
 
 class DaemonState(Protocol):
     """What the scrape reads from the daemon (:class:`truba.daemon.daemon.Daemon`)."""
@@ -246,6 +252,16 @@ def _families(metrics: DaemonMetrics, state: DaemonState) -> Iterator[Metric]:
     )
     yield CounterMetricFamily(
         "truba_daemon_heartbeats", "Heartbeats sent to the scheduler.", value=link.heartbeats
+    )
+    yield GaugeMetricFamily(
+        "truba_daemon_scheduler_epoch",
+        "The highest leader epoch seen from a scheduler (it grows at each change of leader).",
+        value=link.epoch,
+    )
+    yield CounterMetricFamily(
+        "truba_daemon_stale_assignments",
+        "Assignments ignored for an epoch older than the highest seen (a former leader's).",
+        value=link.stale_assignments,
     )
     connects = CounterMetricFamily(
         "truba_daemon_broker_connects",

@@ -135,7 +135,7 @@ async def _serve(
         epoch = won
     scheduler = Scheduler(
         dataclasses.replace(config, listen=listen, http=http),
-        leadership=Leadership(epoch, elector.fence.leading, elector.leader_address),
+        leadership=Leadership(epoch, elector.fence.leading, elector.leader_address, elector.holder),
     )
     watchdog = elector.watchdog(lambda: step_down(listen, http, "lease deadline passed"))
     holding = asyncio.ensure_future(elector.hold())  # renews from now on, while the state loads

@@ -66,6 +66,8 @@ class Leadership:
     epoch: int
     leading: Callable[[], bool]
     leader: Callable[[], str]
+    holder: str = ""
+    """The lease's holder id: the store fences its writes with it (PostgreSQL)."""
 
 
 @final

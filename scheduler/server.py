@@ -19,7 +19,7 @@ from collections.abc import Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, TYPE_CHECKING, Final, final
+from typing import IO, TYPE_CHECKING, Final, Protocol, final, runtime_checkable
 
 import grpc
 import grpc.aio
@@ -80,6 +80,11 @@ SERVICES: Final = (
     daemons_pb2.DESCRIPTOR.services_by_name["DaemonService"].full_name,
     schedules_pb2.DESCRIPTOR.services_by_name["ScheduleService"].full_name,
 )
+
+
+@runtime_checkable
+class _Fenced(Protocol):
+    def fence_writes(self, holder: str, epoch: int) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -232,6 +237,8 @@ class Scheduler:
         stack.callback(store.close)
         lead = self._leadership
         self.epoch = lead.epoch if lead is not None else store.claim_epoch(config.advertise or config.listen)
+        if lead is not None and lead.holder and isinstance(store, _Fenced):
+            store.fence_writes(lead.holder, lead.epoch)  # no write lands once another leads
         brokers = Brokers(config.brokers, connect=open_admin, timeout=config.broker_timeout)
         stack.push_async_callback(brokers.close)
         janitor = QueueJanitor(brokers, store)

@@ -113,6 +113,7 @@ class PostgresJobStore:
         self._params = connect_params(url, timeout)
         self._conn: psycopg.Connection[tuple[Any, ...]] | None = None
         self._closed = False
+        self._fence: tuple[str, int] | None = None
         self._schedules = ScheduleStore(_PostgresRunner(self._call))
         try:
             self._write(self._migrate)
@@ -221,6 +222,13 @@ class PostgresJobStore:
 
         return self._read(load)
 
+    def fence_writes(self, holder: str, epoch: int) -> None:
+        """From now on every write transaction first checks, under a share lock on the lease's
+        row, that ``holder`` still holds the lease at ``epoch`` (else it fails with
+        StoreUnavailable and changes nothing). The lock makes a standby's takeover wait for the
+        transaction: no write of a former leader lands after the next one took over."""
+        self._fence = (holder, epoch)
+
     def claim_epoch(self, address: str) -> int:
         def claim(cur: Cursor) -> int:
             row = cur.execute(
@@ -260,6 +268,8 @@ class PostgresJobStore:
                         return work(cur)
                 with conn.transaction(), conn.cursor() as cur:
                     begun = True  # BEGIN went through: from here a failure is not retried
+                    if self._fence is not None:
+                        _check_fence(cur, self._fence, self.url)
                     return work(cur)
             except psycopg.OperationalError as exc:
                 broken = conn.broken or conn.closed
@@ -349,6 +359,17 @@ def _add_stale(cur: Cursor, job_id: str) -> None:
         "INSERT INTO stale_queues (job_id, since) VALUES (%s, %s) ON CONFLICT (job_id) DO NOTHING",
         (job_id, time.time()),
     )
+
+
+def _check_fence(cur: Cursor, fence: tuple[str, int], url: str) -> None:
+    holder, epoch = fence
+    row = cur.execute(
+        "SELECT 1 FROM leader WHERE id = 1 AND holder = %s AND epoch = %s FOR SHARE", (holder, epoch)
+    ).fetchone()
+    if row is None:
+        raise StoreUnavailable(
+            f"the store {url}: this scheduler no longer leads (epoch {epoch}); not written"
+        )
 
 
 def _line(exc: BaseException) -> str:

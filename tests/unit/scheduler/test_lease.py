@@ -180,3 +180,22 @@ def test_every_start_of_a_lone_scheduler_takes_the_next_epoch(lease_url: str, tm
         assert store.claim_epoch("a:1") == first + 1
     finally:
         store.close()
+
+
+def test_a_store_fenced_by_its_lease_writes_nothing_once_another_leads(lease_url: str) -> None:
+    lease = PostgresLease(lease_url, timeout=1.0)
+    store = PostgresJobStore(lease_url)
+    try:
+        mine = lease.acquire("a", "a:1", 0.3)
+        store.fence_writes("a", mine.epoch)
+        store.reserve("job-1")  # leading: writes go through
+        assert store.stale() == ["job-1"]
+        time.sleep(0.4)
+        assert lease.acquire("b", "b:1", 10.0).holder == "b"
+        # When another leads, a write of the former leader fails and changes nothing
+        with pytest.raises(StoreUnavailable, match="no longer leads"):
+            store.reserve("job-2")
+        assert store.stale() == ["job-1"]
+    finally:
+        store.close()
+        lease.close()
