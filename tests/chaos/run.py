@@ -1,0 +1,165 @@
+"""One chaos run: start a cluster, run the planned jobs under the planned faults, check.
+
+``python -m tests.chaos.run --minutes 30 [--seed N] [--workdir DIR]`` (what ``scripts/soak``
+runs) prints the seed first, the faults as they happen, and at the end the counts: faults
+injected by kind, tasks, outcomes, lost, duplicated and unexpected outcomes, duplicate and
+interrupted executions, and each process's resident memory at the start, middle and end. Exits 1
+if the checker found a lost, duplicated or unexpected outcome, or the jobs did not finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.chaos.checker import Verdict, check
+from tests.chaos.nemesis import Nemesis
+from tests.chaos.plan import plan_faults, plan_jobs
+from tests.chaos.rig import Rig
+
+
+@dataclass
+class Result:
+    seed: int
+    verdict: Verdict
+    finished: bool
+    injected: dict[str, int]
+    skipped: dict[str, int]
+    anomalies: list[str]
+    memory: dict[str, dict[str, float]] = field(default_factory=dict)
+    seconds: float = 0.0
+    load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+
+    @property
+    def ok(self) -> bool:
+        return self.finished and self.verdict.ok
+
+    def report(self) -> str:
+        lines = [
+            f"chaos seed={self.seed} finished={self.finished} in {self.seconds:.0f} s "
+            f"(load average {self.load[0]:.1f} {self.load[1]:.1f} {self.load[2]:.1f})",
+            f"faults injected: {sum(self.injected.values())} {dict(sorted(self.injected.items()))}",
+            f"faults skipped (nothing to hit): {dict(sorted(self.skipped.items()))}",
+            f"anomalies (died without a fault): {len(self.anomalies)} {self.anomalies[:10]}",
+            f"checker: {self.verdict.summary()}",
+            "memory, RSS MiB start -> middle -> end:",
+        ]
+        roles = sorted({role for sample in self.memory.values() for role in sample})
+        for role in roles:
+            values = [self.memory.get(when, {}).get(role) for when in ("start", "middle", "end")]
+            lines.append(f"  {role:12} " + " -> ".join("-" if v is None else f"{v:.0f}" for v in values))
+        details = self.verdict.details()
+        if details:
+            lines.append(details)
+        return "\n".join(lines)
+
+
+async def _sample(rig: Rig, samples: list[tuple[float, dict[str, float]]], every: float) -> None:
+    """Resident memory of every process every ``every`` s, until cancelled."""
+    while True:
+        samples.append((time.time(), await asyncio.to_thread(rig.rss)))
+        await asyncio.sleep(every)
+
+
+def _memory(samples: list[tuple[float, dict[str, float]]], middle: float) -> dict[str, dict[str, float]]:
+    """Per role, its first sample (start), the one nearest ``middle`` and its last (end), each
+    taken while the process was up (a process being restarted measures 0 and is skipped)."""
+    memory: dict[str, dict[str, float]] = {"start": {}, "middle": {}, "end": {}}
+    for role in sorted({role for _, sample in samples for role in sample}):
+        alive = [(t, s[role]) for t, s in samples if s.get(role, 0.0) > 0.0]
+        if alive:
+            memory["start"][role] = alive[0][1]
+            memory["middle"][role] = min(alive, key=lambda ts: abs(ts[0] - middle))[1]
+            memory["end"][role] = alive[-1][1]
+    return memory
+
+
+async def run(
+    seed: int, fault_seconds: float, finish_seconds: float, workdir: Path, echo: bool = True
+) -> Result:
+    """Runs the planned jobs under ``fault_seconds`` of faults, then waits up to ``finish_seconds``
+    for the client to take every outcome, and checks."""
+    rng = random.Random(seed)
+    jobs = plan_jobs(rng, fault_seconds)
+    rig = Rig(workdir)
+    faults = plan_faults(
+        rng, fault_seconds, brokers=rig.broker_count, daemons=rig.daemon_count, jobs=len(jobs)
+    )
+    (workdir / "jobs.json").parent.mkdir(parents=True, exist_ok=True)
+    (workdir / "jobs.json").write_text(json.dumps([j.to_json() for j in jobs], indent=1))
+    (workdir / "faults.json").write_text(json.dumps([f.__dict__ for f in faults], indent=1))
+    began = time.time()
+    memory: dict[str, dict[str, float]] = {}
+    samples: list[tuple[float, dict[str, float]]] = []
+    finished = False
+    nemesis: Nemesis | None = None
+    with open(workdir / "nemesis.log", "a") as out:
+        try:
+            await asyncio.to_thread(rig.start)
+            nemesis = Nemesis(rig, seed, out, echo=echo)
+            (workdir / "t0").write_text(repr(nemesis.t0))
+            nemesis.note(
+                "start", seed=seed, jobs=len(jobs), tasks=sum(j.tasks for j in jobs), faults=len(faults)
+            )
+            rig.start_client()
+            sampler = asyncio.create_task(_sample(rig, samples, every=min(10.0, fault_seconds / 12)))
+            await nemesis.run(faults, fault_seconds)
+            nemesis.note("faults.over", injected=dict(nemesis.injected))
+            deadline = time.time() + finish_seconds
+            while time.time() < deadline:
+                if await nemesis.supervise():
+                    finished = True
+                    break
+                await asyncio.sleep(0.5)
+            sampler.cancel()
+            memory = _memory(samples, nemesis.t0 + fault_seconds / 2)
+            nemesis.note("end", finished=finished)
+            if not finished and echo:
+                print(rig.logs(), file=sys.stderr)
+        finally:
+            await asyncio.to_thread(rig.stop)
+    assert nemesis is not None
+    verdict = check(workdir, nemesis.client_kills)
+    return Result(
+        seed=seed,
+        verdict=verdict,
+        finished=finished,
+        injected=dict(nemesis.injected),
+        skipped=dict(nemesis.skipped),
+        anomalies=nemesis.anomalies,
+        memory=memory,
+        seconds=time.time() - began,
+        load=os.getloadavg(),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="scripts/soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--minutes", type=float, default=30.0, help="minutes of faults (default 30)")
+    parser.add_argument("--seed", type=int, default=None, help="replay a run (default: a random seed)")
+    parser.add_argument("--finish", type=float, default=300.0, help="seconds for the jobs to finish after")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the run's files here")
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
+    print(f"chaos seed {seed} (replay: scripts/soak --minutes {args.minutes:g} --seed {seed})", flush=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"truba-chaos-{seed}-"))
+    print(f"chaos workdir {workdir}", flush=True)
+    result = asyncio.run(run(seed, args.minutes * 60, args.finish, workdir))
+    print(result.report(), flush=True)
+    print(f"chaos seed {seed}: {'PASS' if result.ok else 'FAIL'}", flush=True)
+    if result.ok and args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)
+    sys.exit(0 if result.ok else 1)
+
+
+if __name__ == "__main__":
+    main()
