@@ -64,7 +64,9 @@ class Result:
 
 
 async def _sample(rig: Rig, samples: list[tuple[float, dict[str, float]]], every: float) -> None:
-    """Resident memory of every process every ``every`` s, until cancelled."""
+    """Resident memory of every process every ``every`` s, until cancelled (from 5 s on: the
+    client starts with the faults)."""
+    await asyncio.sleep(5.0)
     while True:
         samples.append((time.time(), await asyncio.to_thread(rig.rss)))
         await asyncio.sleep(every)
