@@ -38,6 +38,9 @@ class Result:
     memory: dict[str, dict[str, float]] = field(default_factory=dict)
     seconds: float = 0.0
     load: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    slow_connects: int = 0
+    """Connects (a channel, a queue declare, a Basic.Consume) that took longer than the pipes'
+    connect timeout and were tried again: how often a restarted broker's queue did not answer."""
 
     @property
     def ok(self) -> bool:
@@ -50,6 +53,7 @@ class Result:
             f"faults injected: {sum(self.injected.values())} {dict(sorted(self.injected.items()))}",
             f"faults skipped (nothing to hit): {dict(sorted(self.skipped.items()))}",
             f"anomalies (died without a fault): {len(self.anomalies)} {self.anomalies[:10]}",
+            f"connects given up after the pipes' timeout and retried: {self.slow_connects}",
             f"checker: {self.verdict.summary()}",
             "memory, RSS MiB start -> middle -> end:",
         ]
@@ -70,6 +74,17 @@ async def _sample(rig: Rig, samples: list[tuple[float, dict[str, float]]], every
     while True:
         samples.append((time.time(), await asyncio.to_thread(rig.rss)))
         await asyncio.sleep(every)
+
+
+def _slow_connects(workdir: Path) -> int:
+    """``pipe.reopen.broken`` lines of a connect that timed out, in every process's log."""
+    count = 0
+    for path in [*(workdir / "cluster" / "logs").glob("*.log*"), workdir / "client.log"]:
+        if path.exists():
+            count += sum(
+                "connect took longer" in line for line in path.read_text(errors="replace").splitlines()
+            )
+    return count
 
 
 def _memory(samples: list[tuple[float, dict[str, float]]], middle: float) -> dict[str, dict[str, float]]:
@@ -141,6 +156,7 @@ async def run(
         memory=memory,
         seconds=time.time() - began,
         load=os.getloadavg(),
+        slow_connects=_slow_connects(workdir),
     )
 
 
