@@ -85,10 +85,12 @@ class Fault:
     value: float = 0.0
 
 
-def plan_jobs(rng: random.Random, seconds: float, lanes: int = 4) -> list[JobSpec]:
+def plan_jobs(rng: random.Random, seconds: float, lanes: int = 4, rate_scale: float = 1.0) -> list[JobSpec]:
     """Jobs over ``seconds`` of faults: ``lanes`` at a time, each lane a chain of jobs of random
     options (frames on and off, quorum and classic queues, graceful and immediate preemption).
-    The first four jobs cover all four combinations of frames and queue type."""
+    The first four jobs cover all four combinations of frames and queue type. ``rate_scale``
+    multiplies every job's rate (after the draw: a seed plans the same jobs at any scale), for a
+    machine that cannot keep up with the default rates under the faults."""
     combos = [
         (True, "quorum", "graceful"),
         (False, "classic", "immediate"),
@@ -101,7 +103,7 @@ def plan_jobs(rng: random.Random, seconds: float, lanes: int = 4) -> list[JobSpe
         while start < seconds * 0.8 or not any(j.tag.startswith(f"l{lane}") for j in jobs):
             span = min(seconds - start, rng.uniform(60.0, 240.0))
             span = max(span, seconds * 0.5) if start == lane * 2.0 else max(span, 20.0)
-            rate = rng.uniform(3.0, 8.0)
+            rate = rng.uniform(3.0, 8.0) * rate_scale
             frames, queue_type, preemption = (
                 combos[lane % 4]
                 if start == lane * 2.0

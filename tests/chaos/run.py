@@ -101,12 +101,17 @@ def _memory(samples: list[tuple[float, dict[str, float]]], middle: float) -> dic
 
 
 async def run(
-    seed: int, fault_seconds: float, finish_seconds: float, workdir: Path, echo: bool = True
+    seed: int,
+    fault_seconds: float,
+    finish_seconds: float,
+    workdir: Path,
+    echo: bool = True,
+    rate_scale: float = 1.0,
 ) -> Result:
     """Runs the planned jobs under ``fault_seconds`` of faults, then waits up to ``finish_seconds``
     for the client to take every outcome, and checks."""
     rng = random.Random(seed)
-    jobs = plan_jobs(rng, fault_seconds)
+    jobs = plan_jobs(rng, fault_seconds, rate_scale=rate_scale)
     rig = Rig(workdir)
     faults = plan_faults(
         rng, fault_seconds, brokers=rig.broker_count, daemons=rig.daemon_count, jobs=len(jobs)
@@ -165,13 +170,20 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=30.0, help="minutes of faults (default 30)")
     parser.add_argument("--seed", type=int, default=None, help="replay a run (default: a random seed)")
     parser.add_argument("--finish", type=float, default=300.0, help="seconds for the jobs to finish after")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=1.0,
+        help="scale every job's task rate (default 1; 0.5 on a busy machine)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep the run's files here")
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**32)
-    print(f"chaos seed {seed} (replay: scripts/soak --minutes {args.minutes:g} --seed {seed})", flush=True)
+    replay = f"scripts/soak --minutes {args.minutes:g} --rate {args.rate:g} --seed {seed}"
+    print(f"chaos seed {seed} (replay: {replay})", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix=f"truba-chaos-{seed}-"))
     print(f"chaos workdir {workdir}", flush=True)
-    result = asyncio.run(run(seed, args.minutes * 60, args.finish, workdir))
+    result = asyncio.run(run(seed, args.minutes * 60, args.finish, workdir, rate_scale=args.rate))
     print(result.report(), flush=True)
     print(f"chaos seed {seed}: {'PASS' if result.ok else 'FAIL'}", flush=True)
     if result.ok and args.workdir is None:
