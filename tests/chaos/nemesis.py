@@ -31,6 +31,8 @@ from truba.errors import TrubaError
 log = logging.getLogger("chaos.nemesis")
 INSTANT: Final = frozenset({"slot_kill", "template_kill", "cut", "importance"})
 """Kinds that need no heal: they run in a lane of their own, overlapping the lasting ones."""
+RETRIES: Final = 3
+"""Tries more of an instant fault that found nothing to hit (no slot, no template, no live job)."""
 
 
 class Nemesis:
@@ -80,6 +82,11 @@ class Nemesis:
             began = time.time()
             try:
                 detail = await self._apply(fault)
+                for _ in range(RETRIES if fault.kind in INSTANT else 0):
+                    if detail is not None:
+                        break
+                    await asyncio.sleep(2.0)  # nothing to hit yet (a daemon starting): again
+                    detail = await self._apply(fault)
             except Exception as exc:  # noqa: BLE001 - a fault that could not be applied is logged
                 self.skipped[fault.kind] += 1
                 self.note("fault.failed", kind=fault.kind, target=fault.target, error=repr(exc))

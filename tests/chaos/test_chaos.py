@@ -25,6 +25,7 @@ async def test_a_short_chaos_run_loses_duplicates_and_corrupts_no_outcome(tmp_pa
     assert result.finished, "the jobs did not finish after the faults\n" + result.report()
     assert result.verdict.ok, result.report()
     assert result.anomalies == [], result.report()
-    # The nemesis did hit: most kinds were injected (a slot or template kill finds none idle-free
-    # only by bad luck, and is then skipped).
-    assert len(result.injected) >= len(FAULT_KINDS) - 2, result.report()
+    # The nemesis did hit: every lasting kind, and most instant ones (a slot, template or
+    # importance fault finds nothing to hit while its daemon or the scheduler restarts, or when a
+    # loaded machine made the daemon spawn its slots without a template, and is then skipped).
+    assert len(result.injected) >= len(FAULT_KINDS) - 3, result.report()
