@@ -188,9 +188,11 @@ class Nemesis:
         try:
             data = json.loads(state.read_text())
         except (OSError, ValueError):
+            self.note("fault.skipped", kind="importance", why="no job yet")
             return None
         live = sorted(set(data.get("jobs", {})) - set(data.get("done", [])))
         if not live:
+            self.note("fault.skipped", kind="importance", why="no live job")
             return None
         tag = live[fault.target % len(live)]
         try:

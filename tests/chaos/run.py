@@ -76,6 +76,21 @@ async def _sample(rig: Rig, samples: list[tuple[float, dict[str, float]]], every
         await asyncio.sleep(every)
 
 
+async def _jobs_created(workdir: Path, count: int, timeout: float) -> int:
+    """Waits (at most ``timeout`` s) until the client's state lists ``count`` jobs; how many it does."""
+    deadline = time.time() + timeout
+    created = 0
+    while time.time() < deadline:
+        try:
+            created = len(json.loads((workdir / "client" / "state.json").read_text())["jobs"])
+        except (OSError, ValueError, KeyError):
+            created = 0
+        if created >= count:
+            break
+        await asyncio.sleep(0.5)
+    return created
+
+
 def _slow_connects(workdir: Path) -> int:
     """``pipe.reopen.broken`` lines of a connect that timed out, in every process's log."""
     count = 0
@@ -133,6 +148,11 @@ async def run(
                 "start", seed=seed, jobs=len(jobs), tasks=sum(j.tasks for j in jobs), faults=len(faults)
             )
             rig.start_client()
+            # Faults are timed from when the first jobs exist (a loaded machine takes a while to
+            # start the client): before, a slot or template kill finds none to hit.
+            created = await _jobs_created(workdir, min(4, len(jobs)), timeout=120.0)
+            nemesis.t0 = time.time()
+            nemesis.note("jobs.created", jobs=created)
             sampler = asyncio.create_task(_sample(rig, samples, every=min(10.0, fault_seconds / 12)))
             await nemesis.run(faults, fault_seconds)
             nemesis.note("faults.over", injected=dict(nemesis.injected))
