@@ -26,6 +26,9 @@ from tests.chaos.nemesis import Nemesis
 from tests.chaos.plan import plan_faults, plan_jobs
 from tests.chaos.rig import Rig
 
+JOBS_OUTLAST = 20.0
+"""Seconds the jobs' submissions go on past the faults' planned end."""
+
 
 @dataclass
 class Result:
@@ -126,7 +129,8 @@ async def run(
     """Runs the planned jobs under ``fault_seconds`` of faults, then waits up to ``finish_seconds``
     for the client to take every outcome, and checks."""
     rng = random.Random(seed)
-    jobs = plan_jobs(rng, fault_seconds, rate_scale=rate_scale)
+    # The jobs outlast the faults a little: faults start once the first jobs exist.
+    jobs = plan_jobs(rng, fault_seconds + JOBS_OUTLAST, rate_scale=rate_scale)
     rig = Rig(workdir)
     faults = plan_faults(
         rng, fault_seconds, brokers=rig.broker_count, daemons=rig.daemon_count, jobs=len(jobs)
