@@ -20,20 +20,24 @@ class Bench:
     cluster: LocalCluster
     daemon: TrubaProcess
     tmp: Path
+    nodes: tuple[LocalRabbitNode, ...] = ()
 
 
 @contextmanager
-def one_daemon_cluster(prefix: str, slots: int) -> Iterator[Bench]:
-    """Starts the broker, the scheduler and a daemon of ``slots`` slots; stops them after."""
+def one_daemon_cluster(prefix: str, slots: int, brokers: int = 1) -> Iterator[Bench]:
+    """Starts the brokers, the scheduler and a daemon of ``slots`` slots; stops them after.
+
+    ``node`` is the first broker; :attr:`Bench.nodes` has them all."""
     with tempfile.TemporaryDirectory(prefix=prefix) as folder:
         tmp = Path(folder)
-        (node,) = start_nodes(tmp / "rmq", 1)
+        nodes = start_nodes(tmp / "rmq", brokers)
         cluster = LocalCluster(tmp / "cluster")
         try:
-            cluster.start_scheduler([node.url], "127.0.0.1:0")
+            cluster.start_scheduler([node.url for node in nodes], "127.0.0.1:0")
             daemon = cluster.start_daemon("d0", slots, ["tests.handlers.*"])
             cluster.wait_for_daemons(1)
-            yield Bench(node, cluster, daemon, tmp)
+            yield Bench(nodes[0], cluster, daemon, tmp, tuple(nodes))
         finally:
             cluster.stop()
-            node.stop()
+            for node in nodes:
+                node.stop()

@@ -31,6 +31,7 @@ import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Final, final
 
+from truba import trace
 from truba.client.framing import FrameSizer
 from truba.client.journal import TaskJournal
 from truba.client.lifecycle import JobStatus
@@ -157,6 +158,8 @@ class ResultStream:
                 if self.arrived is not None:
                     self.arrived(message.task_id)
                 outcome = Outcome.from_message(message)
+                if trace.enabled:
+                    trace.mark("client.outcome", message.task_id)
                 if self.route is not None and self.route(outcome):
                     await self._take(delivery)
                     continue

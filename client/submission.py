@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Final, final
 
+from truba import trace
 from truba.client.delays import DelayedCount, due_time
 from truba.client.encoded import EncodedTask, EncodedTaskCodec
 from truba.client.errors import Unavailable
@@ -147,6 +148,8 @@ class Submission:
             if not 0 <= priority <= MAX_PRIORITY:
                 raise ValueError(f"priority: must be 0..{MAX_PRIORITY}, got {priority}")
         task_id = f"{self._prefix}-{self._next}"
+        if trace.enabled:
+            trace.mark("client.submit", task_id)
         task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0, not_before=due))
         if len(task.data) > self._max_payload:
             raise MessageTooLarge(

@@ -28,7 +28,8 @@ class Worker:
     busy: bool = False
     leaving: bool = False
     started_at: float = 0.0
-    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    wake: Interrupt = field(default_factory=Interrupt)
+    """Wakes the worker from its wait for a delivery (a flag that calls back, as ``interrupt``)."""
     interrupt: Interrupt = field(default_factory=Interrupt)
     holds_results: bool = False
     """Its results wait for frames instead of going out alone (see

@@ -91,25 +91,32 @@ class Intake:
             if delivery is not None:
                 self._took_at = time.monotonic()
                 return delivery
-        getting = asyncio.ensure_future(self.tasks.get(GET_TIMEOUT))
-        waking = asyncio.ensure_future(worker.wake.wait())
+        # The worker waits in its own task (no task of its own for the get, no asyncio.wait: one
+        # loop turn less between a delivery's arrival and its slot); a wake cancels that wait.
+        # What the cancelled get was bringing stays in the unframe layer (its pull is not
+        # cancelled), where the next take finds it.
+        current = asyncio.current_task()
+        assert current is not None
+        woken = False
+
+        def wake() -> None:
+            nonlocal woken
+            woken = True
+            current.cancel()
+
+        forget = worker.wake.on_set(wake)
         self.idle += 1
         try:
-            await asyncio.wait({getting, waking}, return_when=asyncio.FIRST_COMPLETED)
+            delivery = await self.tasks.get(GET_TIMEOUT)
+        except asyncio.CancelledError:
+            if not woken or current.uncancel() > 0:  # cancelled from elsewhere (too)
+                raise
+            delivery = None
         finally:
             self.idle -= 1
-            waking.cancel()
-            if not getting.done():
-                getting.cancel()
-        woken = worker.wake.is_set()
+            forget()
+        woken = woken or worker.wake.is_set()
         worker.wake.clear()
-        try:
-            delivery = await getting  # a delivery that arrived as we were woken is ours all the same
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if current is not None and current.cancelling():
-                raise
-            return None
         await self._adapt_window(delivery, woken)
         if delivery is not None:
             self._took_at = time.monotonic()

@@ -46,7 +46,8 @@ class ReplyReader(asyncio.Protocol):
             end = start + HEADER.size + size
             if len(buffer) < end:
                 break
-            self._frames.append(bytes(buffer[start + HEADER.size : end]))
+            with memoryview(buffer) as view:  # one copy of the frame (a slice would be two)
+                self._frames.append(bytes(view[start + HEADER.size : end]))
             start = end
         if start:
             del buffer[:start]

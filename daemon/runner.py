@@ -27,6 +27,7 @@ import logging
 import time
 from collections.abc import Callable
 
+from truba import trace
 from truba.daemon.crew import Crew, Worker
 from truba.daemon.execution import Execution
 from truba.daemon.intake import HOLD_LIMIT, Intake
@@ -237,6 +238,8 @@ class JobRunner:
                     delivery = await intake.take(worker)
                     if delivery is None:
                         continue
+                    if trace.enabled:
+                        trace.mark("daemon.taken", delivery.message.task_id)
                     if spec is None:
                         more = await intake.take_more(worker, execution.task_seconds)
                         if more:

@@ -28,10 +28,12 @@ import traceback
 from collections.abc import Callable
 from typing import BinaryIO, Final
 
-from truba import codec
+from truba import codec, trace
 from truba.handlers import batch_spec
 
 HEADER: Final = struct.Struct(">I")
+LARGE_FRAME: Final = 64 * 1024
+"""A frame at least this long is written after its header, not copied behind it."""
 PR_SET_PDEATHSIG: Final = 1
 
 
@@ -50,8 +52,17 @@ def read_frame(stream: BinaryIO) -> object | None:
 
 def write_frame(stream: BinaryIO, obj: object) -> None:
     data = codec.packb(obj)
-    stream.write(HEADER.pack(len(data)) + data)
+    _write(stream, data)
     stream.flush()
+
+
+def _write(stream: BinaryIO, data: bytes) -> None:
+    """One frame: its header and ``data`` (a large one after the header, not copied behind it)."""
+    if len(data) < LARGE_FRAME:
+        stream.write(HEADER.pack(len(data)) + data)
+    else:
+        stream.write(HEADER.pack(len(data)))
+        stream.write(data)
 
 
 PICKLE_SUFFIX: Final = "|pickle"
@@ -222,17 +233,22 @@ def main(parent: int | None = None) -> int:
     while True:
         request = read_frame(frames_in)
         if request is None:
+            trace.flush()  # a forked slot leaves without running atexit
             return 0
         if isinstance(request, list) and len(request) == 3:
             handler, task_id, payload = request
+            if trace.enabled:
+                trace.mark("slot.start", str(task_id))
             reply = run_one(str(handler), str(task_id), payload, cache)
+            if trace.enabled:
+                trace.mark("slot.done", str(task_id))
         elif isinstance(request, list) and len(request) == 2 and isinstance(request[1], list):
             reply = run_batch(str(request[0]), request[1], cache)
         elif isinstance(request, list) and len(request) == 1:
             reply = codec.packb(describe(str(request[0]), cache))
         else:
             raise SystemExit(f"slot protocol error: unknown request {request!r:.200}")
-        frames_out.write(HEADER.pack(len(reply)) + reply)
+        _write(frames_out, reply)
         frames_out.flush()
 
 

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import final
 
-from truba import codec
+from truba import codec, trace
 from truba.daemon.launch import Launcher, SlotHandle, Spawn
 from truba.daemon.memory import private_bytes
-from truba.daemon.slot_main import HEADER
+from truba.daemon.slot_main import HEADER, LARGE_FRAME
 from truba.handlers import BatchSpec
 from truba.wire import ErrorInfo
 
@@ -87,7 +87,11 @@ class SlotProcess:
 
         Cancelling ``run`` kills the process: a slot in the middle of a task cannot be reused.
         """
+        if trace.enabled:
+            trace.mark("slot.write", task_id)
         body = await self._exchange([handler, task_id, payload], f"task {task_id}")
+        if trace.enabled:
+            trace.mark("slot.reply", task_id)
         self.tasks_run += 1
         return _reply(codec.unpackb(body))
 
@@ -103,9 +107,8 @@ class SlotProcess:
             SlotDied: the process exited (while running the first task, as far as anyone knows).
         """
         frames = [codec.packb([handler, task_id, payload]) for task_id, payload in tasks]
-        await self._write(
-            b"".join(HEADER.pack(len(frame)) + frame for frame in frames), f"task {tasks[0][0]}"
-        )
+        parts = [part for frame in frames for part in (HEADER.pack(len(frame)), frame)]
+        await self._write(b"".join(parts), f"task {tasks[0][0]}")  # one copy of each frame
 
     async def reply(self, task_id: str) -> SlotReply:
         """The reply to the next task handed over by :meth:`send` (``task_id``); dies and
@@ -152,17 +155,23 @@ class SlotProcess:
     async def _exchange(self, request: object, what: str) -> bytes:
         """Sends one request frame and reads its reply frame (starting the process if needed)."""
         frame = codec.packb(request)
-        await self._write(HEADER.pack(len(frame)) + frame, what)
+        if len(frame) < LARGE_FRAME:
+            await self._write(HEADER.pack(len(frame)) + frame, what)
+        else:  # two writes, not a copy of a large payload
+            await self._write(HEADER.pack(len(frame)), what, frame)
         return await self._read(what)
 
-    async def _write(self, data: bytes, what: str) -> None:
-        """Writes request frames (starting the process if needed); see :meth:`_read` for errors."""
+    async def _write(self, data: bytes, what: str, more: bytes = b"") -> None:
+        """Writes request frames (``data``, then ``more``), starting the process if needed; see
+        :meth:`_read` for errors."""
         if not self.alive:
             await self.start()
         process = self._process
         assert process is not None
         try:
             process.stdin.write(data)
+            if more:
+                process.stdin.write(more)
             await process.stdin.drain()
         except (ConnectionError, BrokenPipeError) as exc:
             raise await self._died(what) from exc

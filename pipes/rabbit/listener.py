@@ -12,6 +12,7 @@ from aio_pika.abc import AbstractChannel, AbstractQueue
 from aio_pika.exceptions import MessageProcessError
 from aiormq.abc import DeliveredMessage
 
+from truba import trace
 from truba.pipes.base import Delivery
 from truba.pipes.errors import ChannelLost, PipeBroken, PipeClosed, PipeError
 from truba.pipes.rabbit.errors import map_amqp_errors
@@ -63,6 +64,8 @@ class RabbitDelivery:
         with map_amqp_errors(self._listener.ack_what):
             await self._message.channel.basic_ack(self._tag())
         self._settled = True
+        if trace.enabled:
+            trace.mark_body(self._listener.hops[1], self._message.body)
 
     async def reject(self, requeue: bool) -> None:
         with map_amqp_errors(self._listener.reject_what):
@@ -92,6 +95,9 @@ class RabbitListener:
         self.queue = queue.name
         self.ack_what = f"ack on {queue.name}"
         self.reject_what = f"reject on {queue.name}"
+        kind = queue.name.rsplit(".", 1)[-1]
+        self.hops = (f"{kind}.deliver", f"{kind}.ack")
+        """The tracing mode's hops (:mod:`truba.trace`): delivered here, acked."""
         channel.close_callbacks.add(self._on_channel_closed)
 
     name = "rabbit"
@@ -109,6 +115,8 @@ class RabbitListener:
             self._consumer_tag = consume_ok.consumer_tag
 
     async def _on_message(self, message: DeliveredMessage) -> None:
+        if trace.enabled:
+            trace.mark_body(self.hops[0], message.body)
         delivery = RabbitDelivery(message, self)
         if self._callback is None:
             self._buffer.put_nowait(delivery)

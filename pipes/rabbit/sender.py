@@ -12,6 +12,7 @@ import aio_pika
 from aio_pika.abc import AbstractChannel, FieldValue
 from aiormq import spec
 
+from truba import trace
 from truba.pipes import delay
 from truba.pipes.backpressure import Window
 from truba.pipes.base import Confirmation, fail_confirmation
@@ -46,7 +47,8 @@ class RabbitSender:
     published into the broker's delay levels with the delay left at publish time (or straight
     to the queue when nothing is left); :meth:`unconfirmed` lists it with its due time.
 
-    Hot path: a message is published on the channel's aiormq layer with prebuilt properties
+    Hot path: a message is published on the channel's aiormq layer with its own message id
+    (aiormq would draw a UUID per publish) and prebuilt headers
     (no aio-pika ``Message`` per message), and the confirm timeout is one timer for the oldest
     unconfirmed message rather than one per publish; a failed confirmation is marked retrieved
     where it fails, so no done-callback is attached to every confirmation.
@@ -83,6 +85,9 @@ class RabbitSender:
         self._loop = asyncio.get_running_loop()
         self._deadline_timer: asyncio.TimerHandle | None = None
         self._what = f"publish to {queue} on {redact(url)}"
+        kind = queue.rsplit(".", 1)[-1]
+        self._hops = (f"{kind}.publish", f"{kind}.confirm")
+        """The tracing mode's hops (:mod:`truba.trace`): handed to the connection, confirmed."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
         self._broken: PipeError | None = None
@@ -145,11 +150,17 @@ class RabbitSender:
             if delay.delay_bits(left) > 0:  # else due now: straight to the queue
                 headers = {**headers, **delay.bit_headers(left)}
                 exchange = delay.first_exchange(left)
-        # Properties of its own for each message: aiormq writes a message id into them.
-        properties = spec.Basic.Properties(delivery_mode=PERSISTENT, priority=self._priority, headers=headers)
+        # Properties of its own for each message, with a message id unique on this sender's
+        # channel (aiormq maps a returned message to its confirm by it; left empty, aiormq
+        # would draw a random UUID for every publish, a few microseconds each).
+        properties = spec.Basic.Properties(
+            delivery_mode=PERSISTENT, priority=self._priority, headers=headers, message_id=f"m{seq}"
+        )
         try:
             with map_amqp_errors(self._what):
                 channel = await self._channel.get_underlay_channel()  # raises if closed
+                if trace.enabled:
+                    trace.mark_body(self._hops[0], body)
                 # The confirm wait is bounded by _check_deadline (one timer for all messages).
                 await channel.basic_publish(
                     body, exchange=exchange, routing_key=self._queue, properties=properties, mandatory=True
@@ -187,6 +198,8 @@ class RabbitSender:
             if not confirmation.done():
                 self._pending.pop(seq, None)
                 confirmation.set_result(None)
+                if trace.enabled:
+                    trace.mark_body(self._hops[1], body)
         finally:
             self._window.give()
 
