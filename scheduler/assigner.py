@@ -24,9 +24,10 @@ from truba.proto.v1 import daemons_pb2
 from truba.scheduler.allow import allowed
 from truba.scheduler.convert import assignment_pb
 from truba.scheduler.counters import DaemonJobStats, JobCounters
+from truba.scheduler.drain_estimates import ReportedEnds
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job, JobState, Preemption
 from truba.scheduler.planner import Assignment, Capacity, JobSpec, Policy, gains, job_totals, plan
 from truba.scheduler.registry import DaemonRegistry, DaemonSession
 
@@ -251,7 +252,11 @@ class Assigner:
         ]
         specs = [self._spec(job) for job in jobs.values()]
         started = time.perf_counter()
-        result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
+        graceful = {job.id for job in jobs.values() if job.settings.preemption is Preemption.GRACEFUL}
+        ends = ReportedEnds(sessions, now, time.time(), graceful)
+        result = plan(
+            capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy, ends=ends
+        )
         if self._observer is not None:
             self._observer.planned(time.perf_counter() - started, list(jobs))
             _observe_revocations(self._observer, current, result.assignment, specs)

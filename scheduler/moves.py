@@ -39,6 +39,7 @@ from typing import Final
 
 from truba.scheduler.chains import Chains, Hop
 from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.drains import Drains
 from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.waterfill import KEY_DIGITS
 
@@ -65,6 +66,7 @@ def rebalance(
     on_hold: Callable[[str, str], bool],
     deadband: float,
     max_moves: int,
+    drains: Drains | None = None,
 ) -> Outcome:
     """Makes moves on ``draft`` until none is allowed or ``max_moves`` were made.
 
@@ -78,9 +80,14 @@ def rebalance(
         slots: daemon id -> capacity (chains may end in a free slot).
         handler: job id -> handler.
         on_hold: whether a job's slots on a daemon are too fresh to take (daemon, job).
+        drains: when a slot taken from a job on a daemon would be free (graceful preemption);
+            None: at once everywhere.
     """
-    chains = Chains(draft, pools, slots, handler, on_hold)
-    return _Rebalance(draft, targets, floors, ranks, pools, handler, on_hold, chains, deadband).run(max_moves)
+    drains = drains or Drains(None, 0.0)
+    chains = Chains(draft, pools, slots, handler, on_hold, drains)
+    return _Rebalance(draft, targets, floors, ranks, pools, handler, on_hold, chains, deadband, drains).run(
+        max_moves
+    )
 
 
 class _Rebalance:
@@ -95,8 +102,10 @@ class _Rebalance:
         on_hold: Callable[[str, str], bool],
         chains: Chains,
         deadband: float,
+        drains: Drains,
     ) -> None:
         self.draft = draft
+        self.drains = drains
         self.floors = floors
         self.ranks = ranks
         self.pools = pools
@@ -217,20 +226,24 @@ class _Rebalance:
         return found, stop
 
     def _daemon_for(self, donor: str, receiver: str) -> tuple[str | None, bool]:
-        """The donor's daemon to take from, and whether some daemon was ruled out by the hold."""
-        best: tuple[int, int, str] | None = None
+        """The donor's daemon to take from, and whether some daemon was ruled out by the hold.
+
+        The one whose slot frees soonest (graceful preemption), then where the receiver has the
+        fewest slots (spread), then where the donor has the most."""
+        best: tuple[int, int, int, str] | None = None
         held = False
         mine = self.draft.by_job.get(receiver, {})
+        known = self.drains.known
         for daemon, n in self.draft.by_job.get(donor, {}).items():
             if not self.pools.may_run(daemon, self.handler[receiver]):
                 continue
             if self.on_hold(daemon, donor):
                 held = True
                 continue
-            key = (mine.get(daemon, 0), -n, daemon)
+            key = (self.drains.next_free(daemon, donor, n) if known else 0, mine.get(daemon, 0), -n, daemon)
             if best is None or key < best:
                 best = key
-        return (best[2] if best is not None else None), held
+        return (best[3] if best is not None else None), held
 
 
 def _nobody(job: str) -> bool:

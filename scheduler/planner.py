@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from truba.scheduler.draft import Assignment, DraftAssignment
+from truba.scheduler.drains import Drains, Ends
 from truba.scheduler.fairshare import Shares, fair_shares
 from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.moves import rebalance
@@ -134,6 +135,7 @@ def plan(
     now: float = 0.0,
     given_at: Mapping[tuple[str, str], float] | None = None,
     policy: Policy = DEFAULT_POLICY,
+    ends: Ends | None = None,
 ) -> Plan:
     """Plans the next assignment; see the module docstring.
 
@@ -145,7 +147,12 @@ def plan(
         given_at: (daemon id, job id) -> when the job last gained a slot on that daemon (see
             :func:`gains`); missing means long ago.
         policy: deadband, move cap and hold.
+        ends: (daemon id, job id) -> when the job's tasks running there are expected to end,
+            soonest first, on the clock of ``now`` (:mod:`~truba.scheduler.drains`). Moves and
+            sheds then take the slots that free soonest (graceful preemption: a slot serves its
+            new job once its task ends). None: unknown, chosen by spread alone.
     """
+    drains = Drains(ends, now)
     caps = {c.daemon_id: c for c in daemons}
     order = sorted(caps)
     slots = {d: max(caps[d].slots, 0) for d in order}
@@ -170,7 +177,7 @@ def plan(
         return nobody if pool is None else allowed_on[pool]
 
     draft = DraftAssignment(order, current, keep)
-    _free_excess(draft, slots, ceiling, targets, ranks)
+    _free_excess(draft, slots, ceiling, targets, ranks, drains)
 
     # 2 and 3. Hand out free slots; move; a move may leave its donor wanting a slot that is free
     # elsewhere, so hand out again until nothing changes (each round uses up a free slot).
@@ -196,6 +203,7 @@ def plan(
             on_hold=on_hold,
             deadband=policy.deadband,
             max_moves=policy.max_moves - moves,
+            drains=drains,
         )
         moves += outcome.moves
         settled = settled and outcome.settled
@@ -211,11 +219,12 @@ def _free_excess(
     ceiling: Mapping[str, int],
     targets: Mapping[str, float],
     ranks: Mapping[str, int],
+    drains: Drains,
 ) -> None:
     """Takes back what no job may keep: beyond its ceiling, then beyond a daemon's capacity."""
     for job_id, held in list(draft.totals.items()):
         if held > ceiling[job_id]:
-            shed(draft, job_id, held - ceiling[job_id])
+            shed(draft, job_id, held - ceiling[job_id], drains)
     excess = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
     for daemon, capacity in slots.items():
         if draft.used[daemon] > capacity:
