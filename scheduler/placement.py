@@ -12,6 +12,9 @@ taken from one job for another):
 - :func:`trim` takes slots back from a daemon whose capacity shrank, from the jobs most above
   their share first.
 
+With expected task ends known (:class:`~truba.scheduler.drains.Drains`), :func:`shed` gives back
+idle slots first, then those whose tasks end soonest.
+
 They loop per (daemon, job) pair and per job, not per slot, except where a job must stack
 several slots on one daemon.
 """

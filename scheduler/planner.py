@@ -19,6 +19,11 @@ slots stay with their job unless something below says otherwise, in this order:
    minimum hold, at most ``max_moves`` (:mod:`~truba.scheduler.moves`); through a short chain
    of jobs when allow-lists keep the two apart (:mod:`~truba.scheduler.chains`).
 
+Given each running task's expected end (``ends``, graceful preemption: a slot serves its new
+job only once its task ends), steps 1 and 3 take the slots that free soonest: idle ones, then
+those whose tasks end first (:mod:`~truba.scheduler.drains`); the shares and how many slots
+each job gives do not depend on it.
+
 Planning again with unchanged inputs changes nothing: step 1 has nothing left to free, step 2
 no free slot an allowed job can use, step 3 no allowed move.
 """
