@@ -20,7 +20,14 @@ Measured, per mode, at every tick:
   moves/need   moves over the moves the arrivals needed at least (each new job's floor(ideal) less
                the free slots when it came): 1.0 means no slot moved that did not have to
 
-    python bench/fairness.py [--hours 1] [--load 0.9] [--task-scale 1] [--seed 1] [--json ...]
+The planner is given each running task's expected end (--drains estimate, the default: the
+job's moving-average task time minus the time the task ran, as the scheduler estimates it from
+heartbeats, truba.scheduler.drains.expected_ends), so graceful moves take the slots that free
+soonest; --drains none plans without (the planner before issue 19), --drains oracle with the
+true ends (the bound an estimate can reach).
+
+    python bench/fairness.py [--hours 1] [--load 0.9] [--task-scale 1] [--seed 1]
+                             [--drains estimate|none|oracle] [--modes graceful,immediate] [--json ...]
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from truba.scheduler.drains import expected_ends
 from truba.scheduler.planner import Capacity, JobSpec, gains, job_totals, plan
 from truba.scheduler.waterfill import at_level, level
 
@@ -52,6 +60,8 @@ class SimJob:
     median: float
     backlog: int
     running: int = 0
+    service_time: float = 0.0
+    """Moving average of its task times so far, as a daemon reports it (0: none ended yet)."""
     reached: float | None = None
     finished: float | None = None
 
@@ -119,6 +129,9 @@ class Simulation:
         self.events: list[tuple[float, int, str, object]] = []
         self.seq = 0
         self.tokens: dict[int, tuple[Daemon, str]] = {}
+        self.spans: dict[int, tuple[float, float]] = {}
+        """Token -> (start, end) of the running task."""
+        self.drains = args.drains
         self.next_token = 0
         self.assignment: dict[str, dict[str, int]] = {d.id: {} for d in self.daemons}
         self.given_at: dict[tuple[str, str], float] = {}
@@ -177,6 +190,7 @@ class Simulation:
             self.assignment,
             now=now,
             given_at=self.given_at,
+            ends=self.ends(now),
         )
         self.plan_seconds += time.perf_counter() - began
         self.plans += 1
@@ -191,6 +205,23 @@ class Simulation:
         for job in active:
             self.check_reached(job, now)
 
+    def ends(self, now: float) -> dict[tuple[str, str], list[float]] | None:
+        """What the scheduler estimates from heartbeats: each running task's expected end."""
+        if self.drains == "none" or self.immediate:  # an immediate job's slots free at once
+            return None
+        out: dict[tuple[str, str], list[float]] = {}
+        for daemon in self.daemons:
+            for job_id, tokens in daemon.running.items():
+                if not tokens:
+                    continue
+                if self.drains == "oracle":
+                    out[(daemon.id, job_id)] = sorted(self.spans[t][1] for t in tokens)
+                else:
+                    job = self.jobs[job_id]
+                    starts = [self.spans[t][0] for t in tokens]
+                    out[(daemon.id, job_id)] = expected_ends(starts, job.service_time, now)
+        return out
+
     # -- the daemon side -------------------------------------------------------------------
 
     def follow(self, daemon: Daemon, now: float) -> None:
@@ -200,6 +231,7 @@ class Simulation:
                 while len(tokens) > daemon.want.get(job_id, 0):
                     token = tokens.pop()  # the latest started: the least work lost
                     del self.tokens[token]
+                    del self.spans[token]
                     job = self.jobs[job_id]
                     job.running -= 1
                     job.backlog += 1
@@ -224,7 +256,9 @@ class Simulation:
         daemon.running.setdefault(job.id, []).append(token)
         job.backlog -= 1
         job.running += 1
-        self.push(now + job.task_time(self.task_rng), "task", token)
+        end = now + job.task_time(self.task_rng)
+        self.spans[token] = (now, end)
+        self.push(end, "task", token)
         self.check_reached(job, now)
 
     def check_reached(self, job: SimJob, now: float) -> None:
@@ -238,6 +272,8 @@ class Simulation:
         daemon, job_id = place
         daemon.running[job_id].remove(token)
         job = self.jobs[job_id]
+        took = now - self.spans.pop(token)[0]
+        job.service_time += (took - job.service_time) * (0.2 if job.service_time else 1.0)
         job.running -= 1
         if job.backlog == 0 and job.running == 0:
             job.finished = now
@@ -316,12 +352,14 @@ def main() -> int:
     parser.add_argument("--tick", type=float, default=0.25, help="seconds between plans and samples")
     parser.add_argument("--task-scale", type=float, default=1.0, help="multiplies every task time")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--drains", choices=["estimate", "none", "oracle"], default="estimate")
+    parser.add_argument("--modes", default="graceful,immediate", help="comma-separated")
     parser.add_argument("--json", type=Path, default=Path("bench/results/fairness.json"))
     args = parser.parse_args()
     gap = mean_work(args.seed, args.task_scale) / (args.load * args.daemons * args.slots)
     print(f"{args.daemons} daemons x {args.slots} slots, a job every {gap:.1f} s on average", flush=True)
     result: dict[str, dict[str, object]] = {}
-    for mode in ("graceful", "immediate"):
+    for mode in args.modes.split(","):
         began = time.perf_counter()
         result[mode] = Simulation(args, mode == "immediate", gap).run()
         print(f"  {mode}: simulated in {time.perf_counter() - began:.0f} s", flush=True)

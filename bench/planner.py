@@ -7,6 +7,8 @@ Each size is measured in four states, each planned --runs times (median and p95 
   new-job   steady, plus one job of importance 5 that takes its share by moves
   urgent    steady, plus one job of importance 1000 (half the cluster): the move cap binds
   allow     steady, on a cluster where a third of the daemons allow only some handlers
+  drains    new-job with every running task's expected end known (``ends``): graceful moves take
+            the slots that free soonest
 
 Jobs: importance drawn from 1, 2, 5, 10; a quarter of them with a small known demand (1-20
 slots), the rest unknown (unbounded); a few handlers. Daemons of --daemon-slots slots each.
@@ -92,6 +94,12 @@ def scenario(slots: int, job_count: int, per_daemon: int, runs: int) -> dict[str
     record("new-job", lambda: plan(daemons, [*work, newcomer], steady))
     urgent = JobSpec("job-urgent", HANDLERS[1], 1000.0, created_at=10_000.0)
     record("urgent", lambda: plan(daemons, [*work, urgent], steady))
+    ends = {
+        (daemon, job_id): sorted(rng.uniform(0.0, 60.0) for _ in range(n))
+        for daemon, row in steady.items()
+        for job_id, n in row.items()
+    }
+    record("drains", lambda: plan(daemons, [*work, newcomer], steady, ends=ends))
     mixed = cluster(slots, per_daemon, restricted=True)
     mixed_steady = plan(mixed, work, plan(mixed, work, {}).assignment).assignment
     record("allow", lambda: plan(mixed, work, mixed_steady))

@@ -24,10 +24,11 @@ from truba.proto.v1 import daemons_pb2
 from truba.scheduler.allow import allowed
 from truba.scheduler.convert import assignment_pb
 from truba.scheduler.counters import DaemonJobStats, JobCounters
+from truba.scheduler.drain_estimates import ReportedEnds
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
 from truba.scheduler.heartbeat_budget import interval_for
-from truba.scheduler.model import Job, JobState
+from truba.scheduler.model import Job, JobState, Preemption
 from truba.scheduler.plan_observer import PlanObserver, effective_demand, observe_revocations
 from truba.scheduler.planner import (
     SCHEDULER_POLICY,
@@ -319,7 +320,11 @@ class Assigner:
         self._planned_demand = {spec.id: effective_demand(spec.demand, total) for spec in specs}
         self._planned_slots = total
         started = time.perf_counter()
-        result = plan(capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy)
+        graceful = {job.id for job in jobs.values() if job.settings.preemption is Preemption.GRACEFUL}
+        ends = ReportedEnds(sessions, now, time.time(), graceful)
+        result = plan(
+            capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy, ends=ends
+        )
         if self._observer is not None:
             self._observer.planned(time.perf_counter() - started, list(jobs))
             observe_revocations(self._observer, current, result.assignment, specs)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import Final, final
 
 from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.drains import Drains
 from truba.scheduler.handler_pools import HandlerPools
 
 MAX_HOPS: Final = 3
@@ -36,6 +37,7 @@ class Chains:
         slots: daemon id -> its capacity.
         handler: job id -> handler.
         on_hold: whether a job's slots on a daemon are too fresh to take (daemon, job).
+        drains: when a slot taken from a job on a daemon would be free (None: at once).
     """
 
     def __init__(
@@ -45,8 +47,10 @@ class Chains:
         slots: Mapping[str, int],
         handler: Mapping[str, str],
         on_hold: Callable[[str, str], bool],
+        drains: Drains | None = None,
     ) -> None:
         self._draft = draft
+        self._drains = drains or Drains(None, 0.0)
         self._pools = pools
         self._slots = slots
         self._handler = handler
@@ -149,12 +153,13 @@ class Chains:
         return hops
 
     def _daemon(self, giver: str, taker: str, pool: int) -> str:
-        """The giver's daemon in ``pool`` to take from: where the taker has fewest slots (spread)."""
+        """The giver's daemon in ``pool`` to take from: where its slot frees soonest, then where the
+        taker has the fewest slots (spread)."""
         theirs = self._draft.by_job[giver]
         mine = self._draft.by_job.get(taker, {})
         candidates = [
-            (mine.get(d, 0), -n, d)
+            (self._drains.next_free(d, giver, n), mine.get(d, 0), -n, d)
             for d, n in theirs.items()
             if self._pools.of_daemon.get(d) == pool and not self._on_hold(d, giver)
         ]
-        return min(candidates)[2]
+        return min(candidates)[3]

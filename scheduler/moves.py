@@ -40,6 +40,7 @@ from typing import Final
 from truba.scheduler.chains import Chains, Hop
 from truba.scheduler.donor_daemons import DonorDaemons
 from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.drains import Drains
 from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.waterfill import KEY_DIGITS
 
@@ -66,6 +67,7 @@ def rebalance(
     on_hold: Callable[[str, str], bool],
     deadband: float,
     max_moves: int,
+    drains: Drains | None = None,
 ) -> Outcome:
     """Makes moves on ``draft`` until none is allowed or ``max_moves`` were made.
 
@@ -79,9 +81,14 @@ def rebalance(
         slots: daemon id -> capacity (chains may end in a free slot).
         handler: job id -> handler.
         on_hold: whether a job's slots on a daemon are too fresh to take (daemon, job).
+        drains: when a slot taken from a job on a daemon would be free (graceful preemption);
+            None: at once everywhere.
     """
-    chains = Chains(draft, pools, slots, handler, on_hold)
-    return _Rebalance(draft, targets, floors, ranks, pools, handler, on_hold, chains, deadband).run(max_moves)
+    drains = drains or Drains(None, 0.0)
+    chains = Chains(draft, pools, slots, handler, on_hold, drains)
+    return _Rebalance(draft, targets, floors, ranks, pools, handler, on_hold, chains, deadband, drains).run(
+        max_moves
+    )
 
 
 class _Rebalance:
@@ -96,8 +103,10 @@ class _Rebalance:
         on_hold: Callable[[str, str], bool],
         chains: Chains,
         deadband: float,
+        drains: Drains,
     ) -> None:
         self.draft = draft
+        self.drains = drains
         self.floors = floors
         self.ranks = ranks
         self.pools = pools
@@ -105,7 +114,7 @@ class _Rebalance:
         self.on_hold = on_hold
         self.chains = chains
         self.deadband = deadband
-        self.daemons = DonorDaemons(draft, pools, handler, on_hold)
+        self.daemons = DonorDaemons(draft, pools, handler, on_hold, drains)
         self.dev = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
         self.receivers: list[tuple[bool, float, int, str]] = []
         self.donors: list[tuple[float, int, str]] = []
@@ -221,8 +230,9 @@ class _Rebalance:
         return found, stop
 
     def _daemon_for(self, donor: str, receiver: str) -> tuple[str | None, bool]:
-        """The donor's daemon to take from: where the receiver has the fewest slots, the donor
-        the most, lowest id on ties, among those that may run the receiver's handler and are not
+        """The donor's daemon to take from: where its slot frees soonest (graceful preemption,
+        :class:`~truba.scheduler.drains.Drains`), then where the receiver has the fewest slots,
+        the donor the most, lowest id on ties, among those that may run the receiver's handler and are not
         on hold (:class:`~truba.scheduler.donor_daemons.DonorDaemons`); and whether some daemon
         was ruled out by the hold (when none is found)."""
         return self.daemons.pick(donor, receiver)

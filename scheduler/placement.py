@@ -12,15 +12,20 @@ taken from one job for another):
 - :func:`trim` takes slots back from a daemon whose capacity shrank, from the jobs most above
   their share first.
 
+With expected task ends known (:class:`~truba.scheduler.drains.Drains`), :func:`shed` gives back
+idle slots first, then those whose tasks end soonest.
+
 They loop per (daemon, job) pair and per job, not per slot, except where a job must stack
 several slots on one daemon.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Mapping, Sequence
 
 from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.drains import Drains
 from truba.scheduler.waterfill import distribute
 
 
@@ -80,14 +85,31 @@ def _compact(ring: list[str], at: int, free: Mapping[str, int]) -> tuple[list[st
     return live, (before % len(live)) if live else 0
 
 
-def shed(draft: DraftAssignment, job: str, count: int) -> None:
-    """Takes ``count`` of ``job``'s slots back, from the daemons where it holds the most."""
+def shed(draft: DraftAssignment, job: str, count: int, drains: Drains | None = None) -> None:
+    """Takes ``count`` of ``job``'s slots back, from the daemons where it holds the most; with
+    ``drains`` known, those that free soonest first (idle ones at once), then the same."""
     where = sorted(draft.by_job.get(job, {}).items())
     if count <= 0 or not where:
+        return
+    if drains is not None and drains.known:
+        _shed_soonest(draft, job, count, drains)
         return
     take = distribute([-n for _, n in where], [n for _, n in where], count)
     for (daemon, _), n in zip(where, take, strict=True):
         draft.remove(daemon, job, n)
+
+
+def _shed_soonest(draft: DraftAssignment, job: str, count: int, drains: Drains) -> None:
+    held = dict(draft.by_job[job])
+    heap = [(drains.next_free(d, job, n), -n, d) for d, n in held.items()]
+    heapq.heapify(heap)
+    while count > 0 and heap:
+        _, _, daemon = heapq.heappop(heap)
+        draft.remove(daemon, job)
+        count -= 1
+        held[daemon] -= 1
+        if held[daemon]:
+            heapq.heappush(heap, (drains.next_free(daemon, job, held[daemon]), -held[daemon], daemon))
 
 
 def trim(

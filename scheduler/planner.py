@@ -19,6 +19,11 @@ slots stay with their job unless something below says otherwise, in this order:
    minimum hold, at most ``max_moves`` (:mod:`~truba.scheduler.moves`); through a short chain
    of jobs when allow-lists keep the two apart (:mod:`~truba.scheduler.chains`).
 
+Given each running task's expected end (``ends``, graceful preemption: a slot serves its new
+job only once its task ends), steps 1 and 3 take the slots that free soonest: idle ones, then
+those whose tasks end first (:mod:`~truba.scheduler.drains`); the shares and how many slots
+each job gives do not depend on it.
+
 Planning again with unchanged inputs changes nothing: step 1 has nothing left to free, step 2
 no free slot an allowed job can use, step 3 no allowed move.
 """
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from truba.scheduler.draft import Assignment, DraftAssignment
+from truba.scheduler.drains import Drains, Ends
 from truba.scheduler.fairshare import Shares, fair_shares
 from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.moves import rebalance
@@ -161,6 +167,7 @@ def plan(
     now: float = 0.0,
     given_at: Mapping[tuple[str, str], float] | None = None,
     policy: Policy = DEFAULT_POLICY,
+    ends: Ends | None = None,
 ) -> Plan:
     """Plans the next assignment; see the module docstring.
 
@@ -172,7 +179,12 @@ def plan(
         given_at: (daemon id, job id) -> when the job last gained a slot on that daemon (see
             :func:`gains`); missing means long ago.
         policy: deadband, move cap and hold.
+        ends: (daemon id, job id) -> when the job's tasks running there are expected to end,
+            soonest first, on the clock of ``now`` (:mod:`~truba.scheduler.drains`). Moves and
+            sheds then take the slots that free soonest (graceful preemption: a slot serves its
+            new job once its task ends). None: unknown, chosen by spread alone.
     """
+    drains = Drains(ends, now)
     caps = {c.daemon_id: c for c in daemons}
     order = sorted(caps)
     slots = {d: max(caps[d].slots, 0) for d in order}
@@ -197,7 +209,7 @@ def plan(
         return nobody if pool is None else allowed_on[pool]
 
     draft = DraftAssignment(order, current, keep)
-    _free_excess(draft, slots, ceiling, targets, ranks)
+    _free_excess(draft, slots, ceiling, targets, ranks, drains)
 
     # 2 and 3. Hand out free slots; move; a move may leave its donor wanting a slot that is free
     # elsewhere, so hand out again until nothing changes (each round uses up a free slot).
@@ -224,6 +236,7 @@ def plan(
             on_hold=on_hold,
             deadband=policy.deadband,
             max_moves=cap - moves,
+            drains=drains,
         )
         moves += outcome.moves
         settled = settled and outcome.settled
@@ -239,11 +252,12 @@ def _free_excess(
     ceiling: Mapping[str, int],
     targets: Mapping[str, float],
     ranks: Mapping[str, int],
+    drains: Drains,
 ) -> None:
     """Takes back what no job may keep: beyond its ceiling, then beyond a daemon's capacity."""
     for job_id, held in list(draft.totals.items()):
         if held > ceiling[job_id]:
-            shed(draft, job_id, held - ceiling[job_id])
+            shed(draft, job_id, held - ceiling[job_id], drains)
     excess = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
     for daemon, capacity in slots.items():
         if draft.used[daemon] > capacity:
