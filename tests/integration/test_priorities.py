@@ -31,10 +31,8 @@ async def test_high_priority_tasks_overtake_a_backlog_of_low_ones(
                 await plain.submit(0.1, priority=1)
             await plain.cancel()
         assert sorted(order) == sorted(low + high)
-        # The slot had started on the first low tasks (one per broker may be held: 2). A
-        # broker's queue gives its high tasks first, but the daemon takes from its two brokers
-        # in turn, so when the high tasks all went to one broker each comes after a low one of
-        # the other: the k-th high task (k from 0) at index 2 + 2k at the latest (2, 4, ..., 10;
-        # a CI run saw exactly that, where the bound used to be "all before index 10").
-        at = sorted(order.index(t) for t in high)
-        assert all(index <= 2 + 2 * k for k, index in enumerate(at)), (at, order)
+        # The slot had started on the first low tasks (one per broker may be held). A broker's
+        # queue gives its high tasks first, but the daemon takes from its two brokers in turn, so
+        # when the high tasks all went to one broker each comes after a low one of the other:
+        # the last at index 10 (a CI run saw 2, 4, 6, 8, 10, where the bound used to be "< 10").
+        assert max(order.index(t) for t in high) <= 10, order
