@@ -60,6 +60,17 @@ class _Pending:
     size: int = 0
 
 
+@dataclass(slots=True, frozen=True)
+class _Group:
+    """Messages that went to the inner sender together (a frame, or one alone), numbered in the
+    order they were handed: groups fail in any order (a publish that breaks before the confirms
+    still awaited), but :meth:`FrameSender.unconfirmed` lists them oldest first."""
+
+    number: int
+    messages: list[bytes]
+    outers: list[Confirmation]
+
+
 @final
 class FrameSender:
     """``Sender[bytes] -> Sender[bytes]`` packing messages into frames under load."""
@@ -77,8 +88,10 @@ class FrameSender:
         self._window = Window(max_unconfirmed)
         """Messages gathered or in flight (failed ones are not: they wait to be re-sent)."""
         self._pending = _Pending()
-        self._in_flight: dict[Confirmation, tuple[list[bytes], list[Confirmation]]] = {}
-        self._failed: list[tuple[list[bytes], list[Confirmation]]] = []
+        self._in_flight: dict[Confirmation, _Group] = {}
+        self._failed: list[_Group] = []
+        self._groups = 0
+        """Groups numbered so far (a group's number is its place in send order)."""
         self._timer: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
         self._closed = False
@@ -125,9 +138,8 @@ class FrameSender:
         return outer
 
     def unconfirmed(self) -> Sequence[bytes]:
-        held = [m for messages, _ in self._failed for m in messages]
-        held += [m for messages, _ in self._in_flight.values() for m in messages]
-        return held + list(self._pending.messages)
+        groups = sorted([*self._failed, *self._in_flight.values()], key=lambda g: g.number)
+        return [m for group in groups for m in group.messages] + list(self._pending.messages)
 
     def drop_unconfirmed(self) -> None:
         self._failed.clear()
@@ -175,62 +187,69 @@ class FrameSender:
         if not self._pending.messages:
             return
         pending, self._pending = self._pending, _Pending()
-        task = asyncio.get_running_loop().create_task(self._hand_quietly(pending))
+        group = self._group(pending.messages, pending.outers)
+        task = asyncio.get_running_loop().create_task(self._hand_quietly(group))
         self._flushing.add(task)
         task.add_done_callback(self._flushing.discard)
 
-    async def _hand_quietly(self, pending: _Pending) -> None:
+    def _group(self, messages: list[bytes], outers: list[Confirmation]) -> _Group:
+        self._groups += 1
+        return _Group(self._groups, messages, outers)
+
+    async def _hand_quietly(self, group: _Group) -> None:
         with contextlib.suppress(PipeError):  # the members' confirmations carry the error
-            await self._hand(pending.messages, pending.outers)
+            await self._hand(group)
 
     async def _send_alone(self, message: bytes) -> Confirmation:
         """One message, unchanged. If the inner send raises, the message was not taken: the
         caller gets the error and nothing is kept."""
+        number = self._groups + 1  # numbered before the wait: its place is when it was sent
+        self._groups = number
         inner = await self.inner.send(message)
         self.alone += 1
         self._window.take()
         outer: Confirmation = asyncio.get_running_loop().create_future()
-        self._track(inner, [message], [outer])
+        self._track(inner, _Group(number, [message], [outer]))
         return outer
 
-    async def _hand(self, messages: list[bytes], outers: list[Confirmation]) -> None:
+    async def _hand(self, group: _Group) -> None:
         """Sends gathered messages (their senders were told they were taken): as one frame, or
         alone if only one; on failure they stay ours, held until re-sent or dropped."""
+        messages = group.messages
         data = messages[0] if len(messages) == 1 else pack(messages)
         try:
             inner = await self.inner.send(data)
         except BaseException as exc:
-            self._hold_failed(messages, outers, exc)
+            self._hold_failed(group, exc)
             raise
         if len(messages) > 1:
             self.frames += 1
             self.framed += len(messages)
         else:
             self.alone += 1
-        self._track(inner, messages, outers)
+        self._track(inner, group)
 
-    def _track(self, inner: Confirmation, messages: list[bytes], outers: list[Confirmation]) -> None:
-        self._in_flight[inner] = (messages, outers)
+    def _track(self, inner: Confirmation, group: _Group) -> None:
+        self._in_flight[inner] = group
         inner.add_done_callback(self._settled)
 
     def _settled(self, inner: Confirmation) -> None:
-        entry = self._in_flight.pop(inner, None)
-        if entry is None:  # dropped meanwhile
+        group = self._in_flight.pop(inner, None)
+        if group is None:  # dropped meanwhile
             return
-        messages, outers = entry
         error = PipeClosed("confirmation cancelled") if inner.cancelled() else inner.exception()
         if error is None:
-            self._window.give(len(messages))
-            for outer in outers:
+            self._window.give(len(group.messages))
+            for outer in group.outers:
                 if not outer.done():
                     outer.set_result(None)
         else:
-            self._hold_failed(messages, outers, error)
+            self._hold_failed(group, error)
 
-    def _hold_failed(self, messages: list[bytes], outers: list[Confirmation], error: BaseException) -> None:
+    def _hold_failed(self, group: _Group, error: BaseException) -> None:
         """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""
-        self._window.give(len(messages))
-        self._failed.append((messages, outers))
+        self._window.give(len(group.messages))
+        self._failed.append(group)
         failure = error if isinstance(error, PipeError) else PipeClosed(f"frame not sent: {error!r}")
-        for outer in outers:
+        for outer in group.outers:
             fail_confirmation(outer, failure)

@@ -78,6 +78,13 @@ class FakeSender(Generic[T]):
             if not confirmation.done():
                 confirmation.set_exception(MessageRejected("nacked by the fake broker"))
 
+    def fail_newest(self, error: PipeError) -> None:
+        """Fails the newest pending confirmation alone (a publish that broke before the older
+        confirms failed); the message stays unconfirmed."""
+        _, confirmation = self._pending[-1]
+        if not confirmation.done():
+            confirmation.set_exception(error)
+
     def fail_next(self, error: PipeError) -> None:
         """The next ``send`` raises ``error`` (a PipeBroken also breaks the sender for good)."""
         self._fail_next.append(error)

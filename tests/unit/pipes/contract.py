@@ -419,7 +419,10 @@ async def check_sender_broken_stays_broken(make: SenderFactory[T]) -> None:
         states = [_state(c) for _, c in sent]
         assert "confirmed" not in states, states
         assert all(s == "pending" or s.startswith("failed") for s in states), states
-        assert list(sender.unconfirmed()) == [m for m, _ in sent], "a message of the broken pipe got lost"
+        unconfirmed, expected = list(sender.unconfirmed()), [m for m, _ in sent]
+        lost = [m for m in expected if m not in unconfirmed]
+        assert not lost and len(unconfirmed) == len(expected), f"messages of the broken pipe got lost: {lost}"
+        assert unconfirmed == expected, "unconfirmed() does not list the messages oldest first"
 
 
 async def check_sender_reopen_recovers_and_resends(make: SenderFactory[T]) -> None:

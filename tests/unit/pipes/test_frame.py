@@ -109,6 +109,23 @@ async def test_a_failed_frame_fails_every_member_and_keeps_them_unconfirmed() ->
     assert sender.unconfirmed() == []
 
 
+async def test_unconfirmed_lists_oldest_first_when_frames_fail_out_of_order() -> None:
+    """A frame's publish can break before the confirm an older message awaits fails (RabbitMQ:
+    the write fails at once, the channel's close fails the rest a moment later)."""
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_messages=2))
+    confirmations = [await sender.send(m) for m in (b"a", b"x", b"y")]
+    await _turn()
+    assert inner.sent == [b"a", pack([b"x", b"y"])]
+    inner.fail_newest(PipeBroken("the frame's publish broke"))
+    await _turn()
+    inner.break_()
+    for confirmation in confirmations:
+        with pytest.raises(PipeBroken):
+            await confirmation
+    assert sender.unconfirmed() == [b"a", b"x", b"y"]
+
+
 async def test_members_are_handed_out_one_by_one_and_the_frame_is_acked_once_all_are() -> None:
     inner: FakeListener[bytes] = FakeListener()
     listener = FrameListener(inner)
