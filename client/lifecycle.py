@@ -24,6 +24,8 @@ from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 log = logging.getLogger(__name__)
 
 _OPEN: Final = (jobs_pb2.JOB_STATE_UNSPECIFIED, jobs_pb2.JOB_STATE_OPEN)
+WATCH_REOPENS: Final = 3
+"""WatchJob streams opened again in a row without an event before the watch gives up."""
 
 
 @dataclass(slots=True)
@@ -95,7 +97,33 @@ class JobCalls:
 
     async def watch(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
         """WatchJob: the job now, then on every change until it ends. The first event (the job
-        now) comes within the client's patience, or Unavailable; later ones come when it changes."""
+        now) comes within the client's patience, or Unavailable; later ones come when it changes.
+
+        A stream that breaks with UNAVAILABLE (the scheduler restarted, a standby took over, or
+        the address tried first is a standby) is opened again on the scheduler that answers
+        GetJob, which follows the leader within the client's patience: its first event is the job
+        at that moment, so the last state is never missed (states passed through meanwhile may
+        be). At most :data:`WATCH_REOPENS` opens in a row without an event, then Unavailable.
+        """
+        failures = 0
+        while True:
+            try:
+                async for event in self._watch_once():
+                    failures = 0
+                    yield event
+                return
+            except Unavailable as exc:
+                failures += 1
+                if exc.code != "UNAVAILABLE" or failures > WATCH_REOPENS:
+                    raise
+                log.warning(
+                    "client.watch.reopen",
+                    extra={"job_id": self.job_id, "error": str(exc), "attempt": failures},
+                )
+                await self.get()  # follows the leader (bounded by patience), or raises Unavailable
+
+    async def _watch_once(self) -> AsyncGenerator[jobs_pb2.JobEvent, None]:
+        """One WatchJob stream, its first event within the client's patience."""
         call = self._jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id=self.job_id))
         events = aiter(call)
         try:

@@ -1,8 +1,8 @@
 """High availability: two schedulers on one PostgreSQL, a leader and a standby.
 
-- The leader killed with -9 mid-job: the standby leads within 5 s, the job completes with every
-  outcome once, a new job can be created, the daemons (given both addresses) follow the new
-  leader and apply its plan.
+- The leader killed with -9 mid-job: the standby leads within 5 s, a watch of the job follows it,
+  the job completes with every outcome once, a new job can be created, the daemons (given both
+  addresses) follow the new leader and apply its plan.
 - The leader cut off from PostgreSQL (its connection goes through a fault proxy, which stalls):
   it stops leading before its lease ends in the database, the standby takes over after that, and
   no assignment of the former leader is applied after the new one leads.
@@ -74,6 +74,13 @@ async def test_the_leader_killed_mid_job_the_standby_leads_within_5_s_and_nothin
                         quarter.set()
 
             consumer = asyncio.create_task(consume())
+            states: list[int] = []
+
+            async def watch() -> None:
+                async for event in job.watch():
+                    states.append(event.job.state)
+
+            watcher = asyncio.create_task(watch())
             await asyncio.wait_for(quarter.wait(), 60)
             # When the leader dies with -9 mid-job
             killed_at = time.time()
@@ -89,6 +96,9 @@ async def test_the_leader_killed_mid_job_the_standby_leads_within_5_s_and_nothin
             await asyncio.wait_for(consumer, 120)
             info = await client.get_job_info(job.id)
             assert info.state == jobs_pb2.JOB_STATE_FINISHED
+            # And a watch opened before the kill follows the new leader to the job's end
+            await asyncio.wait_for(watcher, 30)
+            assert states[-1] == jobs_pb2.JOB_STATE_FINISHED, states
             # And a new job can be created (the client follows the leader) and runs
             again = await client.create_job("tests.handlers.basic:square", importance=1.0)
             await again.submit(7)

@@ -53,6 +53,9 @@ class FakeScheduler:
         self._failing: dict[str, list[grpc.StatusCode]] = {}
         self.watch_hangs = False
         """WatchJob streams never answer (a scheduler that accepts and never answers)."""
+        self.watch_breaks = 0
+        """The next WatchJob streams that break with UNAVAILABLE after their first event (a
+        scheduler killed, a leader stepping down)."""
         self.running: dict[str, jobs_pb2.ListRunningResponse] = {}
         """What ListRunning answers per job (empty, at Unix time 0, for a job not here)."""
         self._ids = itertools.count(1)
@@ -192,9 +195,16 @@ class FakeWatch:
         return self._events()
 
     async def _events(self) -> AsyncIterator[jobs_pb2.JobEvent]:
-        if self._scheduler.watch_hangs:
+        scheduler = self._scheduler
+        failing = scheduler._failing.get("WatchJob")
+        if failing:  # fail("WatchJob"): the stream ends with that code before any event
+            raise rpc_error(failing.pop(0), "WatchJob failed (scripted)")
+        if scheduler.watch_hangs:
             await asyncio.Event().wait()
-        yield jobs_pb2.JobEvent(job=self._scheduler._job(self._job_id))
+        yield jobs_pb2.JobEvent(job=scheduler._job(self._job_id))
+        if scheduler.watch_breaks > 0:
+            scheduler.watch_breaks -= 1
+            raise rpc_error(grpc.StatusCode.UNAVAILABLE, "WatchJob stream broken (scripted)")
 
     def cancel(self) -> None:
         self.cancelled = True

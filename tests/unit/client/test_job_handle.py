@@ -4,6 +4,7 @@ without its journal; an unknown id is NotFound; outcomes still go only to the jo
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,38 @@ async def test_watching_a_job_by_id_gives_it_now_and_a_silent_scheduler_is_unava
         async with asyncio.timeout(10):
             with pytest.raises(Unavailable):
                 await anext(client.job(job.id).watch())
+
+
+async def test_a_watch_whose_stream_breaks_opens_again_where_get_job_answers(
+    scheduler: FakeScheduler,
+) -> None:
+    """A scheduler restarted or a standby taking over ends the stream with UNAVAILABLE: the watch
+    goes on (the job as it is now comes again); an address that is a standby is followed too."""
+    async with client_for(scheduler, unavailable_after=2.0) as client:
+        job = await client.create_job("h:f", name="watched")
+        scheduler.watch_breaks = 2
+        scheduler.fail("WatchJob")  # the first stream is refused at once, as by a standby
+        events = client.job(job.id).watch()
+        async with asyncio.timeout(10):
+            names = [(await anext(events)).job.name for _ in range(3)]
+            await handle_ends(events)
+        assert names == ["watched"] * 3
+        assert scheduler.calls.count("WatchJob") == 4 and scheduler.calls.count("GetJob") == 3
+
+
+async def test_a_watch_that_keeps_breaking_without_an_event_gives_up_unavailable(
+    scheduler: FakeScheduler,
+) -> None:
+    async with client_for(scheduler, unavailable_after=2.0) as client:
+        job = await client.create_job("h:f")
+        scheduler.fail("WatchJob", times=10)
+        async with asyncio.timeout(10):
+            with pytest.raises(Unavailable, match="WatchJob failed"):
+                await anext(client.job(job.id).watch())
+        assert scheduler.calls.count("WatchJob") == 4  # the first and WATCH_REOPENS more
+
+
+async def handle_ends(events: AsyncIterator[jobs_pb2.JobEvent]) -> None:
+    """The fake's last stream ends after its one event: so does the watch."""
+    with pytest.raises(StopAsyncIteration):
+        await anext(events)
