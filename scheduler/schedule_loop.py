@@ -109,9 +109,13 @@ class FiringLoop:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         queues: Callable[[str], JobQueues] = job_queues,
         observer: RunObserver | None = None,
+        progress: Callable[[Schedule], None] | None = None,
     ) -> None:
         self._store = store
         self._observer: RunObserver = observer or _Unobserved()
+        self._progress = progress
+        """Told each schedule after a run is sent or ends: the scheduler reports its job's counts
+        (runs sent as submitted, ended ones as received), as a client reports its own job's."""
         self._pipes = pipes
         self._clock = clock
         self._sleep = sleep
@@ -201,6 +205,7 @@ class FiringLoop:
                 schedule, lease_until=until, next_due=following, run_task=task_id, runs=schedule.runs + 1
             )
             self._observer.schedule_fired(schedule.id, now - due)
+            self._report(tracked.schedule)
             log.debug(
                 "sched.schedule.fired",
                 extra={"schedule_id": schedule.id, "task_id": task_id, "late": round(now - due, 4)},
@@ -233,6 +238,14 @@ class FiringLoop:
         )
         self.record(run)
 
+    def _report(self, schedule: Schedule) -> None:
+        if self._progress is None:
+            return
+        try:
+            self._progress(schedule)
+        except Exception:  # counters are a view: a failed report never stops a schedule
+            log.exception("sched.schedule.progress_failed", extra={"schedule_id": schedule.id})
+
     def _reload(self, tracked: _Tracked) -> None:
         fresh = self._store.get(tracked.schedule.id)
         if fresh is not None:
@@ -252,6 +265,8 @@ class FiringLoop:
             self._wake.set()
         if changed:
             self._observer.schedule_ended(run.schedule_id, run.outcome.value)
+            if tracked is not None:
+                self._report(tracked.schedule)
             log.info(
                 "sched.schedule.run_ended",
                 extra={

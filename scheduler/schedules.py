@@ -211,3 +211,19 @@ class ScheduleBook:
             raise
         self._store.remove(schedule.id)
         log.info("sched.schedule.deleted", extra={"schedule_id": schedule.id, "job_id": schedule.job_id})
+
+
+def schedule_progress(lifecycle: JobLifecycle) -> Callable[[Schedule], None]:
+    """What the firing loop tells of a schedule, as its job's progress report: runs sent are the
+    job's submitted tasks, the ones ended (or lost) its outcomes. Without it a schedule's job
+    would show no task done (outcomes are capped at the tasks submitted) and its demand would
+    stay unknown (the planner gives an unknown demand slots)."""
+
+    def report(schedule: Schedule) -> None:
+        ended = schedule.runs - (1 if schedule.run_task else 0)
+        try:
+            lifecycle.report_progress(schedule.job_id, schedule.runs, ended)
+        except (FailedPrecondition, NotFound) as exc:  # the job ended (schedule deleted): no count
+            log.debug("sched.schedule.progress_refused", extra={"job_id": schedule.job_id, "error": str(exc)})
+
+    return report

@@ -57,7 +57,7 @@ from truba.scheduler.registry import DaemonRegistry
 from truba.scheduler.schedule_loop import FiringLoop
 from truba.scheduler.schedule_pipes import BrokerSchedulePipes
 from truba.scheduler.schedule_service import ScheduleServicer
-from truba.scheduler.schedules import ScheduleBook
+from truba.scheduler.schedules import ScheduleBook, schedule_progress
 from truba.scheduler.standby import LeaderGate
 from truba.scheduler.store import JobStore
 from truba.scheduler.store_open import POSTGRESQL_SCHEMES, last_known, open_store
@@ -296,7 +296,9 @@ class Scheduler:
         pipes = BrokerSchedulePipes(
             config.brokers, pipe_brokers("truba-scheduler", heartbeat=10.0, timeout=config.broker_timeout)
         )
-        firing = FiringLoop(store.schedules, pipes, observer=self.metrics)
+        firing = FiringLoop(
+            store.schedules, pipes, observer=self.metrics, progress=schedule_progress(lifecycle)
+        )
         stack.push_async_callback(firing.close)
         book = ScheduleBook(store.schedules, lifecycle, firing, consumer_timeout=config.consumer_timeout)
         schedules_pb2_grpc.add_ScheduleServiceServicer_to_server(ScheduleServicer(book), server)

@@ -206,3 +206,24 @@ async def test_runs_are_counted_by_outcome_and_their_lateness_observed(schedules
     await loop.untrack("s1")  # deleted: its series go
     assert sample("truba_schedule_runs_total", schedule_id="s1", outcome="ok") is None
     await loop.close()
+
+
+async def test_runs_sent_and_ended_are_reported_as_the_job_s_progress(schedules: ScheduleStore) -> None:
+    clock = ManualClock(T0)
+    schedules.add(every_second())
+    reports: list[tuple[str, int, int]] = []
+    loop = FiringLoop(
+        schedules,
+        FakePipes(),
+        clock=clock,
+        progress=lambda s: reports.append((s.job_id, s.runs, s.runs - (1 if s.run_task else 0))),
+    )
+    loop.track(every_second(), read=False)
+    assert await loop.tick() == ["run-1"]
+    loop.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.OK, "", 0.2))
+    clock.advance(1.0)
+    assert await loop.tick() == ["run-2"]
+    clock.advance(0.5 + LEASE_GRACE + 0.01)  # run-2 is lost by its lease: an outcome too
+    await loop.tick()
+    assert reports[:4] == [("job1", 1, 0), ("job1", 1, 1), ("job1", 2, 1), ("job1", 2, 2)]
+    await loop.close()
