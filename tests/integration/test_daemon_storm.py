@@ -1,7 +1,7 @@
-"""A preemption storm: the scheduler flips a daemon between two jobs every 100 ms for 30 s under load.
+"""A preemption storm: the scheduler flips a daemon between two jobs every 100 ms for 15 s under load.
 
 One real daemon with 4 slots, two jobs A and B with a few thousand short tasks each (5-20 ms
-sleeps). The scripted scheduler assigns {A: 4} and {B: 4} in turn every 100 ms for 30 s (each
+sleeps). The scripted scheduler assigns {A: 4} and {B: 4} in turn every 100 ms for 15 s (each
 flip closes one job's runner on the daemon and opens the other's), then gives both jobs 2 slots
 until every task is done. The client's side keeps every raw result message.
 
@@ -55,7 +55,7 @@ with 3, an unlucky task could be given up and the test would stop measuring loss
 SLOTS = 4
 TASKS_PER_JOB = 1000
 FLIP_EVERY = 0.1
-STORM_SECONDS = 30.0
+STORM_SECONDS = 15.0
 STALL_TIMEOUT = 12.0
 """Seconds without a new outcome after which a job counts as stuck (a slow machine is no failure)."""
 FINISH_CAP = 120.0

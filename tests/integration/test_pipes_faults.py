@@ -214,12 +214,13 @@ async def test_a_memory_alarm_bounds_sends_moves_traffic_and_traffic_resumes_aft
     # Publishes that were blocked on a's connection land once the alarm is off (copies of
     # messages moved to b): count a's queue once that has settled.
     held_before = await _settled_count(a, queue)
-    await asyncio.sleep(12)  # past the balancer's longest cooldown: broker a is probed again
+    # Broker a is probed again within the balancer's longest cooldown (10 s) and takes traffic
+    # once its leaf has reconnected: send a little at a time until it does.
     total, deadline = 1100, time.monotonic() + 30
-    while True:  # a takes traffic again once its leaf has reconnected: send until it does
-        after = await _send_all(sender, range(total, total + 200))
+    while True:
+        after = await _send_all(sender, range(total, total + 50))
         await asyncio.wait_for(asyncio.gather(*after), 30)
-        total += 200
+        total += 50
         held_after = dict(await asyncio.to_thread(a.list_queues)).get(queue, 0)
         if held_after > held_before or time.monotonic() > deadline:
             break
