@@ -111,7 +111,8 @@ class TaskEndings:
         confirmation = await self.pipes.requeue.send(copy)
         self.stats.requeued += 1
         log.debug(
-            "daemon.task.requeued", extra={"reason": reason, "attempts": task.attempts, "requeues": version + 1}
+            "daemon.task.requeued",
+            extra={"reason": reason, "attempts": task.attempts, "requeues": version + 1},
         )
         if self.pipes.handed_back is not None:
             record = HandedBack(task.task_id, version)
@@ -130,7 +131,9 @@ class TaskEndings:
             async with asyncio.timeout(RECORD_WITHIN):
                 await (await sender.send(record))
         except (PipeError, TimeoutError) as exc:
-            log.warning("daemon.task.hand_back_unrecorded", extra={"requeues": record.requeues, "error": repr(exc)})
+            log.warning(
+                "daemon.task.hand_back_unrecorded", extra={"requeues": record.requeues, "error": repr(exc)}
+            )
 
     async def give_up(
         self, delivery: Delivery[TaskMessage], task: TaskMessage, attempts: int, error: ErrorInfo

@@ -281,5 +281,8 @@ async def test_closing_hands_back_unstarted_deliveries_unspent_when_the_listener
     await runner.close()
     assert tasks.cancelled
     # Each goes back as the next version of itself (see test_task_endings for the hand-back record).
-    assert requeue.sent == [TaskMessage("held-1", 1, requeues=1), TaskMessage("held-2", 2, attempts=1, requeues=1)]
+    assert requeue.sent == [
+        TaskMessage("held-1", 1, requeues=1),
+        TaskMessage("held-2", 2, attempts=1, requeues=1),
+    ]
     assert tasks.acked == [TaskMessage("held-1", 1), TaskMessage("held-2", 2, attempts=1)] and tasks.closed
