@@ -95,7 +95,7 @@ async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
     assert began - reassigned < 1.0, f"the new job's task started {began - reassigned:.2f} s after"
     # The interrupted task went back to its queue unspent, acked once that was confirmed.
     a = d.jobs["a"]
-    assert a.requeue.sent == [TaskMessage("long", 60, requeues=1)] and a.results.sent == []
+    assert a.requeue.sent == [TaskMessage("long", 60)] and a.results.sent == []
     await eventually(lambda: a.tasks.acked == [TaskMessage("long", 60)])
     await eventually(lambda: a.tasks.closed)  # its consumer is gone
 
@@ -152,7 +152,7 @@ async def test_a_drain_with_nothing_running_is_immediate_and_a_second_stop_inter
     busy.stop_now()
     await eventually(lambda: busy._stop.is_set(), timeout=5)
     assert time.monotonic() - began < 1.5
-    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60, requeues=1)]
+    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60)]
     assert busy.jobs["k"].tasks.acked == [TaskMessage("long", 60)]
 
 
