@@ -9,6 +9,7 @@ integration tests run their processes with it.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -21,6 +22,8 @@ from typing import IO
 
 from truba.local.layout import DEFAULT_CONFIG
 from truba.local.node import LocalRabbitNode
+
+log = logging.getLogger(__name__)
 
 READY_LINE = "truba scheduler listening on "
 HTTP_LINE = "truba scheduler http on "
@@ -59,6 +62,14 @@ class TrubaProcess:
         try:
             self.popen.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            log.warning(
+                "local.process.killed",
+                extra={
+                    "process": self.name,
+                    "pid": self.popen.pid,
+                    "why": f"still running {timeout:g} s after SIGTERM",
+                },
+            )
             self.popen.kill()
             self.popen.wait()
 
