@@ -161,8 +161,12 @@ async def raw_worker(url: str, tasks: str, results: str) -> None:
     task_codec, result_codec = TaskCodec(), ResultCodec()
 
     async def on_task(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+        taken = time.monotonic_ns()
         task = task_codec.decode(message.body)
-        result = result_codec.encode(ResultMessage(task.task_id, True, task.payload, daemon_id="raw"))
+        # The worker's own hops on CLOCK_MONOTONIC (taken, publish), for latency.py's split of
+        # raw's round trip: ``raw:<taken>:<publish>``.
+        stamps = f"raw:{taken}:{time.monotonic_ns()}"
+        result = result_codec.encode(ResultMessage(task.task_id, True, task.payload, daemon_id=stamps))
         await channel.default_exchange.publish(
             aio_pika.Message(result, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), results
         )

@@ -93,8 +93,14 @@ async def truba_w2(cluster: LocalCluster, n: int, journal: Path) -> tuple[list[f
     return samples, measured
 
 
-async def raw_w2(url: str, n: int) -> list[float]:
-    """The same round trip over raw aio-pika (see the module docstring)."""
+RAW_HOPS = ("broker", "worker", "broker back", "outcome")
+"""raw's round trip split like truba's: publish → the worker has it (broker), → it publishes the
+reply (decode, encode), → the client has it (broker back), → the reply is taken (outcome)."""
+
+
+async def raw_w2(url: str, n: int, hops: dict[str, list[float]] | None = None) -> list[float]:
+    """The same round trip over raw aio-pika (see the module docstring); with ``hops``, each
+    round trip's split (:data:`RAW_HOPS`, seconds) is appended to it."""
     tasks, results = "bench.latency.raw-tasks", "bench.latency.raw-results"
     await fresh_queue(url, tasks)
     await fresh_queue(url, results)
@@ -107,12 +113,14 @@ async def raw_w2(url: str, n: int) -> list[float]:
         publish = await connection.channel(publisher_confirms=True)
         consume = await connection.channel()
         await consume.set_qos(prefetch_count=100)
-        replies: asyncio.Queue[str] = asyncio.Queue()
+        replies: asyncio.Queue[tuple[str, str, int]] = asyncio.Queue()
         decode = ResultCodec().decode
 
         async def on_result(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            arrived = time.monotonic_ns()
             await message.ack()
-            replies.put_nowait(decode(message.body).task_id)
+            result = decode(message.body)
+            replies.put_nowait((result.task_id, result.daemon_id, arrived))
 
         queue = await consume.get_queue(results, ensure=False)
         await queue.consume(on_result, no_ack=False)
@@ -122,14 +130,21 @@ async def raw_w2(url: str, n: int) -> list[float]:
             task_id = f"raw-{i}"
             body = codec.encode(TaskMessage(task_id, i))
             began = time.perf_counter()
+            published = time.monotonic_ns()
             confirm = asyncio.ensure_future(
                 publish.default_exchange.publish(
                     aio_pika.Message(body, delivery_mode=aio_pika.DeliveryMode.PERSISTENT), tasks
                 )
             )
-            got = await asyncio.wait_for(replies.get(), 30)
+            got, stamps, arrived = await asyncio.wait_for(replies.get(), 30)
             if i >= WARM_UP:
                 samples.append(time.perf_counter() - began)
+                taken_at, sent_at = (int(x) for x in stamps.split(":")[1:3])
+                if hops is not None:
+                    now = time.monotonic_ns()
+                    split = (taken_at - published, sent_at - taken_at, arrived - sent_at, now - arrived)
+                    for name, ns in zip(RAW_HOPS, split, strict=True):
+                        hops.setdefault(name, []).append(ns / 1e9)
             await confirm
             assert got == task_id, (got, task_id)
         await connection.close()
@@ -181,18 +196,25 @@ async def measure(args: argparse.Namespace, url: str, cluster: LocalCluster, tmp
     truba_samples: list[float] = []
     raw_samples: list[float] = []
     measured: list[str] = []
+    raw_hops: dict[str, list[float]] = {}
     for round_ in range(args.rounds):
         samples, ids = await truba_w2(cluster, args.tasks, tmp / f"journal-{round_}")
         truba_samples += samples
         measured += ids
-        raw = await raw_w2(url, args.tasks)
+        raw = await raw_w2(url, args.tasks, raw_hops)
         raw_samples += raw
         print(
             f"round {round_ + 1}: truba p50 {percentile(samples, 50) * 1000:.2f} ms, "
             f"raw p50 {percentile(raw, 50) * 1000:.2f} ms",
             flush=True,
         )
-    return {"truba": summary(truba_samples), "raw": summary(raw_samples), "measured": measured}
+    raw_split = {name: summary(values) for name, values in raw_hops.items()}
+    return {
+        "truba": summary(truba_samples),
+        "raw": summary(raw_samples),
+        "raw_hops": raw_split,
+        "measured": measured,
+    }
 
 
 def print_table(result: dict[str, object]) -> None:
@@ -209,6 +231,12 @@ def print_table(result: dict[str, object]) -> None:
     for name, _, _ in OFF_PATH:
         if name in hops:
             h = hops[name]
+            print(f"  {name:<14}{h['p50_ms']:>9.3f}{h['p90_ms']:>9.3f}{h['p99_ms']:>9.3f}")
+    raw_hops: dict[str, dict[str, float]] = result.get("raw_hops", {})  # type: ignore[assignment]
+    if raw_hops:
+        print("raw aio-pika's round trip, by hop:")
+        for name in RAW_HOPS:
+            h = raw_hops[name]
             print(f"  {name:<14}{h['p50_ms']:>9.3f}{h['p90_ms']:>9.3f}{h['p99_ms']:>9.3f}")
     print(f"\n{'round trip':<16}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
     for name, numbers in (("truba", truba), ("raw aio-pika", raw)):

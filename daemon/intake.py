@@ -33,9 +33,14 @@ from truba.wire import TaskMessage
 
 log = logging.getLogger(__name__)
 GET_TIMEOUT = 0.5
-CHUNK = 8
-"""Tasks of a frame a worker hands its slot in one write when they are short (see take_more):
-one wake-up of the slot process for several tasks instead of one each."""
+CHUNK = 32
+"""Tasks of a frame a worker hands its slot in one write at most when they are short (see
+take_more): one wake-up of the slot process for several tasks instead of one each. A pipe write
+that wakes a slot was the daemon's largest single cost per task under W1 (issue 18); 32 instead
+of 8 took a quarter of the writes' share off the daemon's CPU per task."""
+CHUNK_SECONDS = 0.01
+"""A chunk holds no more tasks than run in about this long (at the recent handler time per
+task): the tasks of a chunk are bound to its slot, so it stays short."""
 CHUNK_BELOW = 0.002
 """Tasks are short when their handler time averages under this (seconds, recent tasks)."""
 HOLD_LIMIT = 0.1
@@ -124,14 +129,17 @@ class Intake:
 
     async def take_more(self, worker: Worker, task_seconds: float | None) -> list[Delivery[TaskMessage]]:
         """More members of a frame at hand, to run on this worker's slot after the one it took
-        (up to :data:`CHUNK` in all): only when tasks are short (``task_seconds``: recent
+        (up to :data:`CHUNK` in all, and no more than run in about :data:`CHUNK_SECONDS`): only
+        when tasks are short (``task_seconds``: recent
         handler seconds per task, None: none ended yet), and no more than this worker's share of
         what is held, so that a frame still spreads over the free slots."""
         short = task_seconds is not None and task_seconds < CHUNK_BELOW
         if self.frames is None or not short or self.crew.going(worker):
             return []
+        assert task_seconds is not None
+        size = CHUNK if task_seconds <= CHUNK_SECONDS / CHUNK else max(2, int(CHUNK_SECONDS / task_seconds))
         more: list[Delivery[TaskMessage]] = []
-        for _ in range(min(CHUNK - 1, self.frames.held // (self.idle + 1))):
+        for _ in range(min(size - 1, self.frames.held // (self.idle + 1))):
             delivery = await self.tasks.get(0.0)
             if delivery is None:
                 break

@@ -158,7 +158,8 @@ class TaskEndings:
             self.stats.failed += 1
         if end.gave_up:
             self.stats.gave_up += 1
-        await self._open.wait()
+        if not self._open.is_set():  # held (the common case is not: no coroutine for it then)
+            await self._open.wait()
         await settle(delivery.ack())
         context.run(self.events.settled, task_id, what, acked=True)
 

@@ -162,6 +162,8 @@ class TaskCodec:
         obj = _unpack(data, "task")
         if len(obj) < 3 or not isinstance(obj[1], str):
             raise CodecError("task: expected [1, task_id: str, payload]")
+        if len(obj) == 3:  # no extras (the common case, every task of a daemon: kept short)
+            return TaskMessage(obj[1], obj[2])
         extras = _extras(obj, 3, "task")
         attempts = _count(extras, "attempts", 0, "task")
         priority = _count(extras, "priority", 0, "task")

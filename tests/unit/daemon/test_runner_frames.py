@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from tests.waiting import eventually
+from truba.daemon.intake import CHUNK
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.slot_process import SlotProcess
@@ -122,12 +123,13 @@ async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_ou
     await eventually(lambda: len(rig.results.sent) == 1, timeout=10)
     assert sizes == []  # the first one ran alone
     frame = rig.push_frame(
-        *(TaskMessage(f"t{i}", ["raise", "no"] if i == 5 else ["ok", i]) for i in range(20))
+        *(TaskMessage(f"t{i}", ["raise", "no"] if i == 5 else ["ok", i]) for i in range(CHUNK + 12))
     )
-    await eventually(lambda: len(rig.results.sent) == 21, timeout=10)
-    assert max(sizes) == 8 and sum(sizes) <= 20  # chunks of at most CHUNK, the rest alone
+    await eventually(lambda: len(rig.results.sent) == CHUNK + 13, timeout=10)
+    assert max(sizes) == CHUNK and sum(sizes) <= CHUNK + 12  # chunks of at most CHUNK, the rest alone
     outcomes = {r.task_id: r for r in rig.results.sent}
-    assert [outcomes[f"t{i}"].value for i in range(20) if i != 5] == [i for i in range(20) if i != 5]
+    count = CHUNK + 12
+    assert [outcomes[f"t{i}"].value for i in range(count) if i != 5] == [i for i in range(count) if i != 5]
     assert not outcomes["t5"].ok and outcomes["t5"].error is not None
     assert outcomes["t5"].error.message == "no"
     assert all(r.attempts == 1 for r in rig.results.sent)
