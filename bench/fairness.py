@@ -14,6 +14,9 @@ Measured, per mode, at every tick:
                job's tasks and ideal = the weighted max-min fair share capped by demand (fluid);
                1.0 is perfectly fair. Reported: mean over ticks, 5th percentile, share >= goal.
   Jain(plan)   the same for the planned slots (what the planner asked for, before preemption lag)
+  Jain bound   the best Jain's index any placement could reach at that tick, given the jobs that
+               drain (graceful: running more than planned and than ideal, so only their task ends
+               can lower them; bench/jain_bound.py): the other jobs' running slots split at will
   to share     per job: seconds from its arrival until it first runs at least floor(ideal) tasks
                (0 if at once); p50 / p95 over the jobs that got there before finishing
   moves/job-h  slots the planner moved from one job to another, per job-hour of active jobs
@@ -42,6 +45,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from jain_bound import best_jain
 
 from truba.scheduler.drains import expected_ends
 from truba.scheduler.planner import Capacity, JobSpec, gains, job_totals, plan
@@ -143,6 +148,7 @@ class Simulation:
         self.plan_seconds = 0.0
         self.jain_actual: list[float] = []
         self.jain_plan: list[float] = []
+        self.jain_bound: list[float] = []
         self.job_seconds = 0.0
 
     def push(self, at: float, kind: str, payload: object = None) -> None:
@@ -291,9 +297,27 @@ class Simulation:
         value = jain(actual, fair)
         if value is not None:
             self.jain_actual.append(value)
-            planned = jain(job_totals(self.assignment), fair)
+            totals = job_totals(self.assignment)
+            planned = jain(totals, fair)
             if planned is not None:
                 self.jain_plan.append(planned)
+            self.jain_bound.append(self.bound(fair, totals))
+
+    def bound(self, fair: dict[str, float], planned: dict[str, int]) -> float:
+        """The best Jain's index at this tick with the draining jobs as they are (jain_bound.py)."""
+        fixed: list[float] = []
+        free: list[tuple[float, float]] = []
+        draining = 0
+        for job_id, x in fair.items():
+            if x <= 1e-9:
+                continue
+            job = self.jobs[job_id]
+            if job.running > x and job.running > planned.get(job_id, 0):
+                fixed.append(job.running / x)
+                draining += job.running
+            else:
+                free.append((x, float(job.backlog + job.running)))
+        return best_jain(fixed, free, float(self.capacity - draining))
 
     def report(self, arrivals: int) -> dict[str, object]:
         jobs = self.done + list(self.jobs.values())
@@ -313,6 +337,7 @@ class Simulation:
             "jain_p5": pct(values, 0.05),
             "jain_at_goal": sum(v >= JAIN_GOAL for v in values) / len(values) if values else float("nan"),
             "jain_plan_mean": statistics.fmean(self.jain_plan) if self.jain_plan else float("nan"),
+            "jain_bound_mean": statistics.fmean(self.jain_bound) if self.jain_bound else float("nan"),
             "to_share_p50_s": pct(waits, 0.50) if waits else 0.0,
             "to_share_p95_s": pct(waits, 0.95) if waits else 0.0,
             "to_share_at_once": instant,
@@ -332,6 +357,7 @@ def print_table(result: dict[str, dict[str, object]]) -> None:
         ("Jain p5", "jain_p5", lambda v: f"{v:.3f}"),
         (f">={JAIN_GOAL}", "jain_at_goal", lambda v: f"{100 * float(v):.0f}%"),  # type: ignore[arg-type]
         ("Jain(plan)", "jain_plan_mean", lambda v: f"{v:.3f}"),
+        ("Jain bound", "jain_bound_mean", lambda v: f"{v:.3f}"),
         ("share p50 s", "to_share_p50_s", lambda v: f"{v:.2f}"),
         ("share p95 s", "to_share_p95_s", lambda v: f"{v:.2f}"),
         ("moves/job-h", "moves_per_job_hour", lambda v: f"{v:.0f}"),
