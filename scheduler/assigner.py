@@ -104,6 +104,10 @@ class Assigner:
         """How long the last plan took, with its pushes (wall time)."""
         self.checks_skipped = 0
         """Demand checks that found no job's demand changed (no plan made)."""
+        self.heartbeats = 0
+        """Heartbeats noted since start (``GetClusterInfo``: load benchmarks divide CPU by it)."""
+        self.assignments = 0
+        """Assignments queued to daemons since start (each push and resend)."""
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_budget = heartbeat_budget
         self._clock = clock
@@ -177,6 +181,7 @@ class Assigner:
         """Notes a heartbeat and its counters; sends the assignment again if the daemon has not
         applied it."""
         now = self._clock()
+        self.heartbeats += 1
         session.last_seen = now
         session.silence_interval = session.heartbeat_interval
         session.applied_version = heartbeat.applied_version
@@ -416,6 +421,7 @@ class Assigner:
         version: int,
     ) -> None:
         session.send(message)
+        self.assignments += 1
         if self._observer is not None:
             self._observer.pushed()
         session.held = share
