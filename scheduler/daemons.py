@@ -68,6 +68,9 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         self._timeline = timeline
         self._brokers = tuple(brokers)
         self._clock = clock
+        self._welcomes: dict[float, daemons_pb2.SchedulerMessage] = {}
+        """Welcome by heartbeat interval: the same few for every daemon (brokers and epoch are
+        fixed for the servicer's life), built once, not once per connect."""
 
     async def Connect(
         self, request_iterator: AsyncIterator[daemons_pb2.DaemonMessage], context: Context
@@ -77,9 +80,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         except SchedulerError as exc:
             log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
             await context.abort(exc.code, str(exc))
-        welcome = welcome_pb(self._brokers, self._assigner.welcome(session))
-        welcome.welcome.epoch = self._epoch
-        session.send(welcome)
+        session.send(self._welcome(self._assigner.welcome(session)))
         self._assigner.connect(session)
         reader = asyncio.create_task(
             self._read(request_iterator, session), name=f"daemon-{session.daemon_id}"
@@ -119,6 +120,13 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
             log.info("sched.request.refused", extra={"method": "DrainDaemon", "details": str(exc)})
             await context.abort(exc.code, str(exc))
         return self._info_pb(session)
+
+    def _welcome(self, interval: float) -> daemons_pb2.SchedulerMessage:
+        welcome = self._welcomes.get(interval)
+        if welcome is None:
+            welcome = self._welcomes[interval] = welcome_pb(self._brokers, interval)
+            welcome.welcome.epoch = self._epoch
+        return welcome
 
     def _info_pb(self, session: DaemonSession) -> daemons_pb2.DaemonInfo:
         return daemon_pb(session, self._clock)

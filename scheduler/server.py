@@ -71,6 +71,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN: Final = "127.0.0.1:50051"
 """Loopback by default: exposing the API is an explicit choice (then with ``token`` and TLS)."""
+PENDING_CALLS: Final = (
+    ("grpc.server.max_pending_requests", 50_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
+)
+"""How many new calls gRPC's core holds until the asyncio server takes them (one at a time, as
+its loop gets to it). Its defaults (1,000, then refusing at random up to 3,000) failed thousands
+of daemons' Connects when a fleet came up or reconnected at once (after a restart or a failover):
+each was tried again, which made the storm longer. A held call costs a few kB until it is taken."""
 COUNTERS_FLUSH: Final = 2.0
 """Seconds between writes of changed task counters to the store."""
 STORE_FILE: Final = "scheduler.sqlite3"
@@ -271,7 +279,7 @@ class Scheduler:
         # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
         # share its traffic instead of failing to bind.
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), *config.grpc_options],
+            options=[("grpc.so_reuseport", 0), *PENDING_CALLS, *config.grpc_options],
             interceptors=[
                 CallCounter(self.metrics.grpc_calls),
                 *([LeaderGate(lead.leading, lead.leader)] if lead is not None else []),
