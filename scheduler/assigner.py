@@ -238,7 +238,9 @@ class Assigner:
             self._replan_for_event()
 
     async def watch(self) -> None:
-        """Calls :meth:`expire` twice per heartbeat interval, until cancelled.
+        """Calls :meth:`expire` twice per heartbeat interval (the one the daemons are told: on a
+        cluster past the heartbeat budget, longer than the configured one, and so are the
+        silences it looks for), until cancelled.
 
         A check that wakes up late (by over a quarter interval: the loop was busy, e.g. with a
         long plan) is put off once, to the next: heartbeats that arrived meanwhile wait to be
@@ -247,9 +249,10 @@ class Assigner:
         loop = asyncio.get_running_loop()
         put_off = False
         while True:
-            due = loop.time() + self.heartbeat_interval / 2
-            await asyncio.sleep(self.heartbeat_interval / 2)
-            if not put_off and loop.time() - due > self.heartbeat_interval / 4:
+            interval = self.interval_for(len(self._registry))
+            due = loop.time() + interval / 2
+            await asyncio.sleep(interval / 2)
+            if not put_off and loop.time() - due > interval / 4:
                 put_off = True
                 log.info("sched.expire.put_off", extra={"late": round(loop.time() - due, 3)})
                 continue

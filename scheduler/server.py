@@ -15,7 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -352,7 +352,11 @@ class Scheduler:
         schedules = book.restore()
         _background(firing.run(), stack, name="schedules")
         _background(janitor.watch_dead(), stack, name="dead-letters-expiry")
-        _background(_flush_counters(counters, store), stack, name="counters-flush")
+        _background(
+            _flush_counters(counters, store, lambda: assigner.interval_for(assigner.daemon_count)),
+            stack,
+            name="counters-flush",
+        )
         stack.callback(_store_counters, counters, store)
         self._port = port
         log.info(
@@ -395,10 +399,15 @@ class Scheduler:
         await self.stop()
 
 
-async def _flush_counters(counters: JobCounters, store: JobStore) -> None:
-    """Writes changed counters every :data:`COUNTERS_FLUSH` seconds (one transaction each time)."""
+async def _flush_counters(counters: JobCounters, store: JobStore, interval: Callable[[], float]) -> None:
+    """Writes changed counters every :data:`COUNTERS_FLUSH` seconds, or every heartbeat
+    ``interval()`` the daemons are told when that is longer (one transaction each time).
+
+    Counters change with heartbeats, so on a cluster past the heartbeat budget a shorter period
+    would store little more; and each write encodes a changed job's per-daemon counts (about
+    20 ms of CPU per job at 10,000 daemons, on the loop)."""
     while True:
-        await asyncio.sleep(COUNTERS_FLUSH)
+        await asyncio.sleep(max(COUNTERS_FLUSH, interval()))
         _store_counters(counters, store)
 
 
