@@ -1081,6 +1081,7 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
                     break
                 time.sleep(SETTLE)
         result["create_retries"] = run.create_retries
+        result["cpu_per_assignment_us"] = per_assignment(result)
         if run.scheduler.alive():
             result["scheduler_rss_mb_end"] = round(rss_mb(scheduler.pid), 1)
     except Exception as exc:  # report what happened, keep the rest of the run's numbers
@@ -1097,6 +1098,23 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
         result["scheduler_exit"] = scheduler.stop()
         result["scheduler_stderr"] = scheduler.log_summary()
     return result
+
+
+def per_assignment(result: dict[str, Any]) -> dict[str, float | None]:
+    """Scheduler CPU µs per assignment in each round scenario: the rounds' CPU less their
+    heartbeats at the steady phase's cost per heartbeat (idle for the empty rounds, busy for the
+    busy ones), over the assignments queued. An upper bound: the plans, the broker's
+    declarations and the bench's own GetJob/ListDaemons calls are in it too."""
+    out: dict[str, float | None] = {}
+    for key, steady in (("empty", "idle"), ("busy_rounds", "busy")):
+        rounds, window = result.get(key), result.get(steady)
+        if not isinstance(rounds, dict) or not isinstance(window, dict):
+            continue
+        per_hb = window.get("scheduler_cpu_us_per_heartbeat") or 0.0
+        assignments = rounds.get("assignments_queued") or 0
+        cpu = rounds["scheduler_cpu_s"] - rounds["heartbeats_received"] * per_hb / 1e6
+        out[key] = round(cpu / assignments * 1e6, 1) if assignments else None
+    return out
 
 
 def _progress(name: str, value: object) -> None:
@@ -1242,6 +1260,12 @@ def print_tables(result: dict[str, Any]) -> None:
                     f"{_f(_median(s.get('declare_ms')), '.0f', 8)}{_f(_median(s.get('plan_ms')), '.0f', 6)}"
                     f"{_f(block['probe_ms']['max'], '.0f', 10)}"
                 )
+    print("\nscheduler CPU per assignment, µs (rounds' CPU less their heartbeats, over assignments queued;")
+    print("  plans, declarations and the bench's own calls included: an upper bound)")
+    for r in runs:
+        per = r.get("cpu_per_assignment_us") or {}
+        empty, busy = _f(per.get("empty"), ".0f", 6), _f(per.get("busy_rounds"), ".0f", 6)
+        print(f"{r['daemons']:>8}  empty {empty}   busy {busy}")
     if result.get("ratios"):
         print(f"\n{'scaling (largest N / smallest N)':<40}{'value':>8}")
         for name, value in result["ratios"].items():
