@@ -691,6 +691,8 @@ class Run:
     broker_pid: int
     probe: Prober
     background_ids: list[str] = field(default_factory=list)
+    steady_cores: float = 0.0
+    """The scheduler's cores in the last steady window (heartbeats and flushes: not a propagation's)."""
     create_retries: int = 0
     """CreateJob calls tried again after UNAVAILABLE (the broker's declaration timed out)."""
 
@@ -840,18 +842,28 @@ class Run:
             # reports do reach it.
             "reported_done_per_s": round((done1 - done0) / elapsed, 1),
         }
+        self.steady_cores = cast(float, result["scheduler_cores"])
         if self.background_ids:
             result["background_jobs"] = [self.job_brief(j) for j in self.background_ids]
         if profiler is not None:
             result["profile"] = profiler.hot()
         return result
 
-    def propagate(self, job_id: str, kind: str, since: float, expected: int | None) -> dict[str, object]:
-        """Waits until ``expected`` daemons saw ``job_id`` added (removed), or none more for QUIET s."""
+    def propagate(
+        self, job_id: str, kind: str, since: float, expected: int | None, cpu_since: float | None = None
+    ) -> dict[str, object]:
+        """Waits until ``expected`` daemons saw ``job_id`` added (removed), or none more for QUIET s.
+
+        With ``cpu_since`` (the scheduler's CPU seconds at ``since``), also the scheduler's CPU
+        until the last daemon had it (sampled every 0.1 s), and that less the steady phase's
+        CPU over the same time: what the propagation itself cost the scheduler, which on a core
+        of its own would bound its wall time (the broker's declarations excepted: I/O)."""
         deadline = since + PROPAGATION_TIMEOUT
         count, changed = 0, time.monotonic()
+        samples: list[tuple[float, float]] = []
         while time.monotonic() < deadline:
             time.sleep(0.1)
+            samples.append((time.monotonic(), cpu_seconds(self.scheduler.pid)))
             now_count = sum(self.workers.ask("count", job_id, kind, since))
             if now_count != count:
                 count, changed = now_count, time.monotonic()
@@ -870,6 +882,13 @@ class Run:
             "all_ms": round(latencies[-1] * 1000, 1) if latencies else None,
             "latencies": latencies,
         }
+        if cpu_since is not None and latencies:
+            last = since + latencies[-1]
+            cpu = next((c for t, c in samples if t >= last), None)
+            if cpu is not None:
+                spent = cpu - cpu_since
+                result["cpu_to_all_s"] = round(spent, 3)
+                result["own_cpu_to_all_s"] = round(spent - self.steady_cores * latencies[-1], 3)
         if expected is not None and len(latencies) < expected:
             result["problem"] = f"{len(latencies)} of {expected} daemons within {PROPAGATION_TIMEOUT:g}s"
         return result
@@ -919,7 +938,7 @@ class Run:
             returned = time.monotonic()
             create_rpc.append(returned - t0)
             everyone = self.n if scenario == "empty" else None
-            added = self.propagate(job.id, "add", t0, everyone)
+            added = self.propagate(job.id, "add", t0, everyone, cpu0)
             added["after_return_ms"] = (
                 round(cast(float, added["all_ms"]) - (returned - t0) * 1000, 1)
                 if added["all_ms"] is not None
@@ -993,6 +1012,8 @@ def _rounds_summary(rounds: list[dict[str, object]], rpc: list[float]) -> dict[s
         "declare_ms": [r.get("declare_ms") for r in rounds if "declare_ms" in r],
         "plan_ms": [r.get("plan_ms") for r in rounds if "plan_ms" in r],
         "scheduler_cpu_s": [r.get("scheduler_cpu_s") for r in rounds if "scheduler_cpu_s" in r],
+        "cpu_to_all_s": [r.get("cpu_to_all_s") for r in rounds if "cpu_to_all_s" in r],
+        "own_cpu_to_all_s": [r.get("own_cpu_to_all_s") for r in rounds if "own_cpu_to_all_s" in r],
         "loadavg_1m": [r.get("loadavg_1m") for r in rounds if "loadavg_1m" in r],
         "daemons_per_round": [r["daemons"] for r in rounds],
         "scheduler_holders": [r.get("scheduler_holders") for r in rounds if "scheduler_holders" in r],
@@ -1237,8 +1258,13 @@ def print_tables(result: dict[str, Any]) -> None:
         "\npropagation: call start -> Assignment at the daemon (ms); 'all' = last affected daemon, per round"
     )
     print(
+        "  ret->all = CreateJob's return -> last daemon; declare, plan = CreateJob's split (scheduler log);"
+        " cpu = scheduler CPU s to the last daemon, own = less the steady phase's (medians)"
+    )
+    print(
         f"{'daemons':>8} {'scenario':<13}{'affected/round':>15}{'p50':>8}{'p95':>8}{'max':>8}"
         f"{'all med':>9}{'all max':>9}{'rpc p50':>9}{'ret->all med':>13}{'max':>7}{'declare':>8}{'plan':>6}"
+        f"{'cpu':>6}{'own':>6}"
         f"{'probe max':>10}"
     )
     for r in runs:
@@ -1258,6 +1284,8 @@ def print_tables(result: dict[str, Any]) -> None:
                     f"{_f(_get(s, 'all_after_return_ms', 'median'), '.0f', 13)}"
                     f"{_f(_get(s, 'all_after_return_ms', 'max'), '.0f', 7)}"
                     f"{_f(_median(s.get('declare_ms')), '.0f', 8)}{_f(_median(s.get('plan_ms')), '.0f', 6)}"
+                    f"{_f(_median(s.get('cpu_to_all_s')), '.2f', 6)}"
+                    f"{_f(_median(s.get('own_cpu_to_all_s')), '.2f', 6)}"
                     f"{_f(block['probe_ms']['max'], '.0f', 10)}"
                 )
     print("\nscheduler CPU per assignment, µs (rounds' CPU less their heartbeats, over assignments queued;")

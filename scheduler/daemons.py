@@ -10,7 +10,7 @@ How a stream ends:
 - the daemon ends its side: OK, and the daemon is forgotten;
 - a second Connect with the same daemon id: the first ends with ABORTED;
 - no heartbeat for 3 intervals: UNAVAILABLE (the assigner's watchdog closes it);
-- no valid Hello within 3 intervals: INVALID_ARGUMENT naming the field.
+- no valid Hello within 3 intervals (as it would be told): INVALID_ARGUMENT naming the field.
 
 In every case the plan is recomputed at once without the daemon.
 
@@ -132,7 +132,10 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         return daemon_pb(session, self._clock)
 
     async def _hello(self, requests: AsyncIterator[daemons_pb2.DaemonMessage]) -> DaemonSession:
-        timeout = MISSED_HEARTBEATS * self._assigner.heartbeat_interval
+        # Judged like silence: three of the intervals a daemon would be told now (on a cluster
+        # past the heartbeat budget, longer than the configured one; a loop stalled by a storm of
+        # connects must not refuse Hellos that arrived in time but were not read yet).
+        timeout = MISSED_HEARTBEATS * self._assigner.interval_for(self._assigner.daemon_count + 1)
         try:
             first = await asyncio.wait_for(anext(requests), timeout)
         except StopAsyncIteration:
