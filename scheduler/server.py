@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import time
 from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,6 +81,8 @@ its loop gets to it). Its defaults (1,000, then refusing at random up to 3,000) 
 of daemons' Connects when a fleet came up or reconnected at once (after a restart or a failover):
 each was tried again, which made the storm longer. A held call costs a few kB until it is taken."""
 COUNTERS_FLUSH: Final = 2.0
+SLOW_FLUSH: Final = 0.1
+"""Seconds a counters flush may take before it is logged (it runs on the event loop)."""
 """Seconds between writes of changed task counters to the store."""
 STORE_FILE: Final = "scheduler.sqlite3"
 LOCK_FILE: Final = "scheduler.lock"
@@ -412,14 +415,27 @@ async def _flush_counters(counters: JobCounters, store: JobStore, interval: Call
 
 
 def _store_counters(counters: JobCounters, store: JobStore) -> None:
+    began = time.perf_counter()
     dirty = counters.dirty()
     if dirty:
+        encoded = time.perf_counter()
         try:
             store.save_counters(dirty)
         except StoreUnavailable as exc:  # still dirty: the next flush writes them
             log.warning("sched.counters.store_failed", extra={"error": str(exc), "jobs": len(dirty)})
             return
         counters.stored(dirty)
+        took = time.perf_counter() - began
+        if took >= SLOW_FLUSH:  # on the loop: every heartbeat and push waits behind it
+            log.info(
+                "sched.counters.slow_flush",
+                extra={
+                    "jobs": len(dirty),
+                    "bytes": sum(len(text) for text in dirty.values()),
+                    "encode_ms": round((encoded - began) * 1000, 1),
+                    "write_ms": round((time.perf_counter() - encoded) * 1000, 1),
+                },
+            )
 
 
 def _background(
