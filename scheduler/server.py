@@ -47,6 +47,7 @@ from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
+from truba.scheduler.gc_watch import GcWatch
 from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.history import JobHistory
 from truba.scheduler.janitor import QueueJanitor
@@ -242,6 +243,9 @@ class Scheduler:
     async def _start(self) -> None:
         config = self.config
         stack = self._stack
+        gc_watch = GcWatch()
+        gc_watch.install()
+        stack.callback(gc_watch.remove)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
         store, where = open_store(config.store, config.state_dir / STORE_FILE, timeout=config.store_timeout)
