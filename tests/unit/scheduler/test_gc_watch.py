@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import gc
 import logging
+import time
 
 import pytest
 
-from truba.scheduler import gc_watch
 from truba.scheduler.gc_watch import THRESHOLDS, GcWatch
 
 
@@ -28,7 +28,7 @@ def test_a_slow_pass_is_logged_with_its_generation(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     times = iter([10.0, 10.3, 20.0, 20.001])
-    monkeypatch.setattr(gc_watch.time, "perf_counter", lambda: next(times))
+    monkeypatch.setattr(time, "perf_counter", lambda: next(times))
     watch = GcWatch()
     with caplog.at_level(logging.INFO, logger="truba.scheduler.gc_watch"):
         watch._callback("start", {"generation": 2})
