@@ -8,14 +8,22 @@ held job. The daemons live in ``--workers`` processes (asyncio, ``--streams-per-
 per gRPC channel, each channel its own TCP connection), so the simulator is not one GIL.
 
     python bench/scheduler_load.py [--daemons 1000 2000] [--seconds 20] [--rounds 5]
-                                   [--streams-per-channel 1] [--workers 4] [--profile]
+                                   [--streams-per-channel 1] [--workers 4] [--connect-rate 1000]
+                                   [--phases connect,idle,...] [--profile]
                                    [--json bench/results/scheduler_load.json]
 
+10,000 daemons on a 2-core machine (with the scheduler beside them):
+
+    python bench/scheduler_load.py --daemons 2000 5000 10000 --seconds 15 --rounds 3 \
+        --workers 2 --streams-per-channel 100 --connect-rate 1000
+
 Per N, in order:
-  connect      all N streams opened at once; time until every daemon has its Welcome and first
-               Assignment
+  connect      the N streams opened at --connect-rate per second (0: all at once); time until
+               every daemon has its Welcome and first Assignment, and streams that failed
   idle         --seconds of heartbeats only, no job: scheduler CPU (utime+stime from /proc, in
-               cores), simulator CPU, heartbeats/s the simulator managed to send
+               cores), simulator CPU, heartbeats/s the simulator managed to send, heartbeats/s
+               the scheduler read (``ClusterInfo.heartbeats``) and its CPU µs per heartbeat read
+               (robust to a shared machine), the load average
   empty        --rounds times: CreateJob on the empty cluster (the job takes every slot, so
                every daemon's assignment changes), wait until it reached all of them, then
                CancelJob likewise. Latency per daemon = arrival of the Assignment with (without)
@@ -25,7 +33,13 @@ Per N, in order:
                (1 task per slot per second): the scheduler's CPU when counters change on every
                heartbeat (each change asks for a replan)
   busy rounds  CreateJob / CancelJob while the background jobs run: the new job takes its fair
-               share by moves; affected daemons = those whose assignment gained (lost) it
+               share by moves; affected daemons = those whose assignment gained (lost) it.
+               For every create also: the time from CreateJob's return to the last daemon,
+               CreateJob's split as the scheduler logs it (declare_ms: the brokers'
+               declarations; plan_ms: store, plan, pushes into outboxes), the scheduler's CPU
+               until the last daemon had the job, and that less the steady phase's CPU (what
+               the propagation itself cost it); per scenario, the scheduler's CPU µs per
+               assignment queued (``ClusterInfo.assignments``; an upper bound)
   disconnect   every stream cancelled at once (a fleet restart): time until the scheduler
                counts no daemon
 
