@@ -27,6 +27,12 @@ machine, every few seconds, collecting next to nothing). Larger young generation
 young."""
 
 
+_installed: list[GcWatch] = []
+"""The watches installed in this process."""
+_saved: list[int] = []
+"""The process's thresholds before the first of them."""
+
+
 @final
 class GcWatch:
     """Times the collector's passes while installed (:meth:`install`, :meth:`remove`)."""
@@ -36,19 +42,23 @@ class GcWatch:
         """Wall seconds spent collecting, per generation, since installed."""
         self.passes = [0, 0, 0]
         self._began = 0.0
-        self._thresholds = gc.get_threshold()
 
     def install(self) -> None:
-        """Starts timing passes and sets :data:`THRESHOLDS` (the old ones back at :meth:`remove`)."""
+        """Starts timing passes and sets :data:`THRESHOLDS`; the process's own come back when
+        the last watch installed in it is removed (several schedulers may share a process)."""
         if self._callback not in gc.callbacks:
             gc.callbacks.append(self._callback)
-            self._thresholds = gc.get_threshold()
-            gc.set_threshold(*THRESHOLDS)
+            if not _installed:
+                _saved[:] = gc.get_threshold()
+                gc.set_threshold(*THRESHOLDS)
+            _installed.append(self)
 
     def remove(self) -> None:
         if self._callback in gc.callbacks:
             gc.callbacks.remove(self._callback)
-            gc.set_threshold(*self._thresholds)
+            _installed.remove(self)
+            if not _installed:
+                gc.set_threshold(*_saved)
 
     def _callback(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":

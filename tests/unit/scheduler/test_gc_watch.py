@@ -24,6 +24,17 @@ def test_the_thresholds_are_set_while_installed_and_restored_after() -> None:
     assert gc.get_threshold() == before
 
 
+def test_two_watches_in_one_process_restore_the_thresholds_when_the_last_goes() -> None:
+    before = gc.get_threshold()
+    first, second = GcWatch(), GcWatch()
+    first.install()
+    second.install()
+    first.remove()
+    assert gc.get_threshold() == THRESHOLDS  # the second scheduler still runs
+    second.remove()
+    assert gc.get_threshold() == before
+
+
 def test_a_slow_pass_is_logged_with_its_generation(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
