@@ -866,7 +866,8 @@ class Run:
     def propagate(
         self, job_id: str, kind: str, since: float, expected: int | None, cpu_since: float | None = None
     ) -> dict[str, object]:
-        """Waits until ``expected`` daemons saw ``job_id`` added (removed), or none more for QUIET s.
+        """Waits until ``expected`` daemons saw ``job_id`` added (removed), at most
+        PROPAGATION_TIMEOUT; with no ``expected``, until none more came for QUIET s.
 
         With ``cpu_since`` (the scheduler's CPU seconds at ``since``), also the scheduler's CPU
         until the last daemon had it (sampled every 0.1 s), and that less the steady phase's
@@ -883,8 +884,8 @@ class Run:
                 count, changed = now_count, time.monotonic()
             if expected is not None and count >= expected:
                 break
-            if count and time.monotonic() - changed >= QUIET:
-                break
+            if expected is None and count and time.monotonic() - changed >= QUIET:
+                break  # an unknown count: done when none more came for QUIET s
         arrivals: dict[str, float] = {}
         for answer in self.workers.ask("arrivals", job_id, kind, since):
             arrivals.update(answer)
