@@ -8,14 +8,22 @@ held job. The daemons live in ``--workers`` processes (asyncio, ``--streams-per-
 per gRPC channel, each channel its own TCP connection), so the simulator is not one GIL.
 
     python bench/scheduler_load.py [--daemons 1000 2000] [--seconds 20] [--rounds 5]
-                                   [--streams-per-channel 1] [--workers 4] [--profile]
+                                   [--streams-per-channel 1] [--workers 4] [--connect-rate 1000]
+                                   [--phases connect,idle,...] [--profile]
                                    [--json bench/results/scheduler_load.json]
 
+10,000 daemons on a 2-core machine (with the scheduler beside them):
+
+    python bench/scheduler_load.py --daemons 2000 5000 10000 --seconds 15 --rounds 3 \
+        --workers 2 --streams-per-channel 100 --connect-rate 1000
+
 Per N, in order:
-  connect      all N streams opened at once; time until every daemon has its Welcome and first
-               Assignment
+  connect      the N streams opened at --connect-rate per second (0: all at once); time until
+               every daemon has its Welcome and first Assignment, and streams that failed
   idle         --seconds of heartbeats only, no job: scheduler CPU (utime+stime from /proc, in
-               cores), simulator CPU, heartbeats/s the simulator managed to send
+               cores), simulator CPU, heartbeats/s the simulator managed to send, heartbeats/s
+               the scheduler read (``ClusterInfo.heartbeats``) and its CPU µs per heartbeat read
+               (robust to a shared machine), the load average
   empty        --rounds times: CreateJob on the empty cluster (the job takes every slot, so
                every daemon's assignment changes), wait until it reached all of them, then
                CancelJob likewise. Latency per daemon = arrival of the Assignment with (without)
@@ -25,7 +33,13 @@ Per N, in order:
                (1 task per slot per second): the scheduler's CPU when counters change on every
                heartbeat (each change asks for a replan)
   busy rounds  CreateJob / CancelJob while the background jobs run: the new job takes its fair
-               share by moves; affected daemons = those whose assignment gained (lost) it
+               share by moves; affected daemons = those whose assignment gained (lost) it.
+               For every create also: the time from CreateJob's return to the last daemon,
+               CreateJob's split as the scheduler logs it (declare_ms: the brokers'
+               declarations; plan_ms: store, plan, pushes into outboxes), the scheduler's CPU
+               until the last daemon had the job, and that less the steady phase's CPU (what
+               the propagation itself cost it); per scenario, the scheduler's CPU µs per
+               assignment queued (``ClusterInfo.assignments``; an upper bound)
   disconnect   every stream cancelled at once (a fleet restart): time until the scheduler
                counts no daemon
 
@@ -77,6 +91,7 @@ CLK_TCK: Final = os.sysconf("SC_CLK_TCK")
 QUIET: Final = 1.5
 """Seconds without a new arrival after which a propagation counts as complete."""
 PROPAGATION_TIMEOUT: Final = 30.0
+PHASES: Final = ("connect", "idle", "empty", "background", "busy", "busy_rounds", "disconnect")
 SETTLE: Final = 3.0
 """Seconds to let the cluster settle between phases."""
 
@@ -91,6 +106,8 @@ class WorkerSpec:
     daemon_ids: list[str]
     slots: list[int]
     streams_per_channel: int
+    connect_rate: float
+    """Streams this worker opens per second (0: all at once)."""
 
 
 @dataclass
@@ -137,7 +154,15 @@ class Simulator:
         self.tasks: list[asyncio.Task[None]] = []
 
     def start(self) -> None:
+        self.tasks.append(asyncio.create_task(self._start()))
+
+    async def _start(self) -> None:
+        """Opens the streams at ``connect_rate`` per second, in steps of 10 ms (a fleet coming
+        up, not 10,000 Hellos in one instant; at 0, all at once)."""
         per = self.spec.streams_per_channel
+        rate = self.spec.connect_rate
+        began = time.monotonic()
+        opened = 0
         for first in range(0, len(self.daemons), per):
             # A local subchannel pool: every channel object its own TCP connection (channels with
             # equal arguments would otherwise share one).
@@ -147,7 +172,12 @@ class Simulator:
             self.channels.append(channel)
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
             for daemon in self.daemons[first : first + per]:
+                if rate > 0:
+                    ahead = began + opened / rate - time.monotonic()
+                    if ahead > 0.01:
+                        await asyncio.sleep(ahead)
                 self.tasks.append(asyncio.create_task(self.run(daemon, stub)))
+                opened += 1
 
     async def stop(self) -> None:
         for task in self.tasks:
@@ -325,7 +355,9 @@ async def _worker(spec: WorkerSpec, conn: multiprocessing.connection.Connection)
 class Workers:
     """The worker processes of one run, and a request/answer exchange with all of them."""
 
-    def __init__(self, address: str, n: int, processes: int, streams_per_channel: int) -> None:
+    def __init__(
+        self, address: str, n: int, processes: int, streams_per_channel: int, connect_rate: float
+    ) -> None:
         context = multiprocessing.get_context("spawn")
         ids = [f"sim-{i:05d}" for i in range(n)]
         slots = [4 if i % 2 == 0 else 8 for i in range(n)]
@@ -333,7 +365,14 @@ class Workers:
         self.conns: list[multiprocessing.connection.Connection] = []
         self.processes: list[multiprocessing.process.BaseProcess] = []
         for w in range(processes):
-            spec = WorkerSpec(w, address, ids[w::processes], slots[w::processes], streams_per_channel)
+            spec = WorkerSpec(
+                w,
+                address,
+                ids[w::processes],
+                slots[w::processes],
+                streams_per_channel,
+                connect_rate / processes,
+            )
             parent, child = context.Pipe()
             process = context.Process(target=worker_main, args=(spec, child), name=f"sim-{w}", daemon=True)
             process.start()
@@ -427,6 +466,18 @@ class SchedulerProcess:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def created(self, job_id: str) -> dict[str, float]:
+        """CreateJob's split as the scheduler logged it (``--scheduler-log-level info``): the
+        brokers' declarations, then the store, the plan and its pushes into outboxes (ms)."""
+        self._log.flush()
+        with self.log_path.open(errors="replace") as log:
+            for line in log:
+                if job_id in line and "sched.job.created" in line:
+                    with contextlib.suppress(ValueError):
+                        record = json.loads(line)
+                        return {k: record[k] for k in ("declare_ms", "plan_ms") if k in record}
+        return {}
 
     def log_summary(self) -> dict[str, object]:
         """Counts of the scheduler's stderr lines by level and event, and the last few."""
@@ -654,8 +705,15 @@ class Run:
     broker_pid: int
     probe: Prober
     background_ids: list[str] = field(default_factory=list)
+    steady_cores: float = 0.0
+    """The scheduler's cores in the last steady window (heartbeats and flushes: not a propagation's)."""
     create_retries: int = 0
     """CreateJob calls tried again after UNAVAILABLE (the broker's declaration timed out)."""
+
+    def sched_counts(self) -> tuple[int, int]:
+        """(heartbeats read, assignments queued) as the scheduler counts them (GetClusterInfo)."""
+        info = self.jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest(), timeout=30)
+        return info.heartbeats, info.assignments
 
     def check_alive(self) -> None:
         if not self.scheduler.alive():
@@ -746,6 +804,7 @@ class Run:
         threads0 = thread_cpu(self.scheduler.pid)
         c0 = self.counters()
         done0 = self.done()
+        h0, a0 = self.sched_counts()
         s0, w0, b0, m0, t0 = (
             cpu_seconds(self.scheduler.pid),
             sum(cpu_seconds(p) for p in sim_pids),
@@ -761,15 +820,23 @@ class Run:
             machine_times(),
             time.monotonic(),
         )
+        h1, a1 = self.sched_counts()
         everyone1 = all_cpu()
         threads1 = thread_cpu(self.scheduler.pid)
         c1 = self.counters()
         done1 = self.done()
         self.check_alive()
         elapsed = t1 - t0
+        received = h1 - h0
         result: dict[str, object] = {
             "seconds": round(elapsed, 2),
+            "loadavg": os.getloadavg(),
             "scheduler_cores": round((s1 - s0) / elapsed, 3),
+            "heartbeats_received_per_s": round(received / elapsed, 1),
+            # Robust to a shared machine: the scheduler's CPU over the heartbeats it read (all of
+            # its work in the window, its plans and pushes too, so an upper bound per heartbeat).
+            "scheduler_cpu_us_per_heartbeat": round((s1 - s0) / received * 1e6, 1) if received else None,
+            "assignments_queued": a1 - a0,
             "scheduler_threads_cores": {
                 name: round((cpu - threads0.get(name, 0.0)) / elapsed, 3)
                 for name, cpu in sorted(threads1.items(), key=lambda t: -t[1])
@@ -789,25 +856,36 @@ class Run:
             # reports do reach it.
             "reported_done_per_s": round((done1 - done0) / elapsed, 1),
         }
+        self.steady_cores = cast(float, result["scheduler_cores"])
         if self.background_ids:
             result["background_jobs"] = [self.job_brief(j) for j in self.background_ids]
         if profiler is not None:
             result["profile"] = profiler.hot()
         return result
 
-    def propagate(self, job_id: str, kind: str, since: float, expected: int | None) -> dict[str, object]:
-        """Waits until ``expected`` daemons saw ``job_id`` added (removed), or none more for QUIET s."""
+    def propagate(
+        self, job_id: str, kind: str, since: float, expected: int | None, cpu_since: float | None = None
+    ) -> dict[str, object]:
+        """Waits until ``expected`` daemons saw ``job_id`` added (removed), at most
+        PROPAGATION_TIMEOUT; with no ``expected``, until none more came for QUIET s.
+
+        With ``cpu_since`` (the scheduler's CPU seconds at ``since``), also the scheduler's CPU
+        until the last daemon had it (sampled every 0.1 s), and that less the steady phase's
+        CPU over the same time: what the propagation itself cost the scheduler, which on a core
+        of its own would bound its wall time (the broker's declarations excepted: I/O)."""
         deadline = since + PROPAGATION_TIMEOUT
         count, changed = 0, time.monotonic()
+        samples: list[tuple[float, float]] = []
         while time.monotonic() < deadline:
             time.sleep(0.1)
+            samples.append((time.monotonic(), cpu_seconds(self.scheduler.pid)))
             now_count = sum(self.workers.ask("count", job_id, kind, since))
             if now_count != count:
                 count, changed = now_count, time.monotonic()
             if expected is not None and count >= expected:
                 break
-            if count and time.monotonic() - changed >= QUIET:
-                break
+            if expected is None and count and time.monotonic() - changed >= QUIET:
+                break  # an unknown count: done when none more came for QUIET s
         arrivals: dict[str, float] = {}
         for answer in self.workers.ask("arrivals", job_id, kind, since):
             arrivals.update(answer)
@@ -819,6 +897,13 @@ class Run:
             "all_ms": round(latencies[-1] * 1000, 1) if latencies else None,
             "latencies": latencies,
         }
+        if cpu_since is not None and latencies:
+            last = since + latencies[-1]
+            cpu = next((c for t, c in samples if t >= last), None)
+            if cpu is not None:
+                spent = cpu - cpu_since
+                result["cpu_to_all_s"] = round(spent, 3)
+                result["own_cpu_to_all_s"] = round(spent - self.steady_cores * latencies[-1], 3)
         if expected is not None and len(latencies) < expected:
             result["problem"] = f"{len(latencies)} of {expected} daemons within {PROPAGATION_TIMEOUT:g}s"
         return result
@@ -857,15 +942,26 @@ class Run:
         cancel_rpc: list[float] = []
         profiler = self.profiler(scenario)
         cpu_before = cpu_seconds(self.scheduler.pid)
+        h0, a0 = self.sched_counts()
         began = time.monotonic()
         for i in range(self.args.rounds):
             request = jobs_pb2.CreateJobRequest(
                 handler=HANDLER, importance=importance, name=f"{scenario}-{i}"
             )
+            cpu0 = cpu_seconds(self.scheduler.pid)
             t0, job = self.create(request)
-            create_rpc.append(time.monotonic() - t0)
+            returned = time.monotonic()
+            create_rpc.append(returned - t0)
             everyone = self.n if scenario == "empty" else None
-            added = self.propagate(job.id, "add", t0, everyone)
+            added = self.propagate(job.id, "add", t0, everyone, cpu0)
+            added["after_return_ms"] = (
+                round(cast(float, added["all_ms"]) - (returned - t0) * 1000, 1)
+                if added["all_ms"] is not None
+                else None
+            )
+            added["scheduler_cpu_s"] = round(cpu_seconds(self.scheduler.pid) - cpu0, 3)
+            added["loadavg_1m"] = os.getloadavg()[0]
+            added.update(self.scheduler.created(job.id))
             time.sleep(0.5)  # hold time: the new job's slots may be taken back only after this
             added["scheduler_holders"] = self.holders(job.id)
             added["job_slots"] = self.jobs.GetJob(
@@ -881,9 +977,14 @@ class Run:
             self.check_alive()
             time.sleep(1.0)
         elapsed = time.monotonic() - began
+        h1, a1 = self.sched_counts()
         result: dict[str, object] = {
             "create": _rounds_summary(creates, create_rpc),
             "cancel": _rounds_summary(cancels, cancel_rpc),
+            "loadavg": os.getloadavg(),
+            "scheduler_cpu_s": round(cpu_seconds(self.scheduler.pid) - cpu_before, 2),
+            "heartbeats_received": h1 - h0,
+            "assignments_queued": a1 - a0,
             "scheduler_cores": round((cpu_seconds(self.scheduler.pid) - cpu_before) / elapsed, 3),
             "probe_ms": self.probe.between(began, began + elapsed),
         }
@@ -920,7 +1021,15 @@ class Run:
 def _rounds_summary(rounds: list[dict[str, object]], rpc: list[float]) -> dict[str, object]:
     latencies = [lat for r in rounds for lat in cast(list[float], r.pop("latencies"))]
     alls = [cast(float, r["all_ms"]) for r in rounds if r["all_ms"] is not None]
+    after = [cast(float, r["after_return_ms"]) for r in rounds if r.get("after_return_ms") is not None]
     return {
+        "all_after_return_ms": {"median": round(pct(after, 50), 1), "max": max(after)} if after else None,
+        "declare_ms": [r.get("declare_ms") for r in rounds if "declare_ms" in r],
+        "plan_ms": [r.get("plan_ms") for r in rounds if "plan_ms" in r],
+        "scheduler_cpu_s": [r.get("scheduler_cpu_s") for r in rounds if "scheduler_cpu_s" in r],
+        "cpu_to_all_s": [r.get("cpu_to_all_s") for r in rounds if "cpu_to_all_s" in r],
+        "own_cpu_to_all_s": [r.get("own_cpu_to_all_s") for r in rounds if "own_cpu_to_all_s" in r],
+        "loadavg_1m": [r.get("loadavg_1m") for r in rounds if "loadavg_1m" in r],
         "daemons_per_round": [r["daemons"] for r in rounds],
         "scheduler_holders": [r.get("scheduler_holders") for r in rounds if "scheduler_holders" in r],
         "job_slots": [r.get("job_slots") for r in rounds if "job_slots" in r],
@@ -968,7 +1077,7 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
     probe = Prober(scheduler.address)
     probe.start()
     try:
-        workers = Workers(scheduler.address, n, args.workers, args.streams_per_channel)
+        workers = Workers(scheduler.address, n, args.workers, args.streams_per_channel, args.connect_rate)
         result["slots"] = workers.total_slots
         run = Run(
             n,
@@ -996,7 +1105,10 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
             ("busy_rounds", lambda: run.rounds("busy", 1.0)),
             ("disconnect", run.disconnect),
         ]
+        wanted = {"connect", *args.phases.split(",")}
         for name, step in steps:
+            if name not in wanted:
+                continue
             print(f"  {name} ...", file=sys.stderr)
             value = result[name] = step()
             _progress(name, value)
@@ -1005,6 +1117,7 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
                     break
                 time.sleep(SETTLE)
         result["create_retries"] = run.create_retries
+        result["cpu_per_assignment_us"] = per_assignment(result)
         if run.scheduler.alive():
             result["scheduler_rss_mb_end"] = round(rss_mb(scheduler.pid), 1)
     except Exception as exc:  # report what happened, keep the rest of the run's numbers
@@ -1021,6 +1134,23 @@ def run_size(n: int, args: argparse.Namespace, broker: str, broker_pid: int, bas
         result["scheduler_exit"] = scheduler.stop()
         result["scheduler_stderr"] = scheduler.log_summary()
     return result
+
+
+def per_assignment(result: dict[str, Any]) -> dict[str, float | None]:
+    """Scheduler CPU µs per assignment in each round scenario: the rounds' CPU less their
+    heartbeats at the steady phase's cost per heartbeat (idle for the empty rounds, busy for the
+    busy ones), over the assignments queued. An upper bound: the plans, the broker's
+    declarations and the bench's own GetJob/ListDaemons calls are in it too."""
+    out: dict[str, float | None] = {}
+    for key, steady in (("empty", "idle"), ("busy_rounds", "busy")):
+        rounds, window = result.get(key), result.get(steady)
+        if not isinstance(rounds, dict) or not isinstance(window, dict):
+            continue
+        per_hb = window.get("scheduler_cpu_us_per_heartbeat") or 0.0
+        assignments = rounds.get("assignments_queued") or 0
+        cpu = rounds["scheduler_cpu_s"] - rounds["heartbeats_received"] * per_hb / 1e6
+        out[key] = round(cpu / assignments * 1e6, 1) if assignments else None
+    return out
 
 
 def _progress(name: str, value: object) -> None:
@@ -1071,6 +1201,11 @@ def _get(d: Any, *path: str) -> Any:
     return d
 
 
+def _median(values: Any) -> float | None:
+    numbers = [v for v in values or [] if isinstance(v, int | float)]
+    return pct(numbers, 50) if numbers else None
+
+
 def _f(value: Any, spec: str, width: int) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return f"{'-':>{width}}"
@@ -1086,7 +1221,10 @@ def print_tables(result: dict[str, Any]) -> None:
     print("  probe = a health Check every 100 ms (event-loop stalls show here)")
     print("  machine = busy cores of the whole machine, sirq = of which kernel softirq (network stack)")
     head = f"{'daemons':>8} {'phase':<6}{'sched':>7}{'goal':>6}{'loop':>6}{'grpc':>6}{'sim':>7}{'rabbit':>7}"
-    tail = f"{'hb/s':>7}{'hb lag p99':>11}{'probe p99/max ms':>18}{'RSS MB':>7}{'reconn':>7}"
+    tail = (
+        f"{'hb/s':>7}{'rcv/s':>7}{'us/hb':>7}{'load1':>6}"
+        f"{'hb lag p99':>11}{'probe p99/max ms':>18}{'RSS MB':>7}{'reconn':>7}"
+    )
     print(head + f"{'machine':>8}{'sirq':>6}" + tail)
     for r in runs:
         for phase in ("idle", "busy"):
@@ -1101,6 +1239,8 @@ def print_tables(result: dict[str, Any]) -> None:
                 f"{threads.get('main', 0.0):>6.2f}"
                 f"{grpc_core:>6.2f}{w['simulator_cores']:>7.3f}{w['rabbitmq_cores']:>7.2f}"
                 f"{w['machine_cores']['busy']:>8.2f}{w['machine_cores']['softirq']:>6.2f}{w['heartbeats_per_s']:>7.0f}"
+                f"{_f(w.get('heartbeats_received_per_s'), '.0f', 7)}"
+                f"{_f(w.get('scheduler_cpu_us_per_heartbeat'), '.0f', 7)}{_f(w['loadavg'][0], '.1f', 6)}"
                 f"{_f(w['heartbeat_lag_ms']['p99'], '.0f', 8)} ms"
                 f"{_f(w['probe_ms']['p99'], '.0f', 11)} /{_f(w['probe_ms']['max'], '.0f', 5)}"
                 f"{w['scheduler_rss_mb']:>7.0f}{w['reconnects']:>7}"
@@ -1133,8 +1273,14 @@ def print_tables(result: dict[str, Any]) -> None:
         "\npropagation: call start -> Assignment at the daemon (ms); 'all' = last affected daemon, per round"
     )
     print(
+        "  ret->all = CreateJob's return -> last daemon; declare, plan = CreateJob's split (scheduler log);"
+        " cpu = scheduler CPU s to the last daemon, own = less the steady phase's (medians)"
+    )
+    print(
         f"{'daemons':>8} {'scenario':<13}{'affected/round':>15}{'p50':>8}{'p95':>8}{'max':>8}"
-        f"{'all med':>9}{'all max':>9}{'rpc p50':>9}{'probe max':>10}"
+        f"{'all med':>9}{'all max':>9}{'rpc p50':>9}{'ret->all med':>13}{'max':>7}{'declare':>8}{'plan':>6}"
+        f"{'cpu':>6}{'own':>6}"
+        f"{'probe max':>10}"
     )
     for r in runs:
         for scenario, key in (("empty", "empty"), ("busy", "busy_rounds")):
@@ -1150,8 +1296,19 @@ def print_tables(result: dict[str, Any]) -> None:
                     f"{r['daemons']:>8} {scenario + ' ' + event:<13}{shown:>15}{_f(per['p50'], '.0f', 8)}"
                     f"{_f(per['p95'], '.0f', 8)}{_f(per['max'], '.0f', 8)}{_f(alls.get('median'), '.0f', 9)}"
                     f"{_f(alls.get('max'), '.0f', 9)}{_f(s['rpc_ms']['p50'], '.0f', 9)}"
+                    f"{_f(_get(s, 'all_after_return_ms', 'median'), '.0f', 13)}"
+                    f"{_f(_get(s, 'all_after_return_ms', 'max'), '.0f', 7)}"
+                    f"{_f(_median(s.get('declare_ms')), '.0f', 8)}{_f(_median(s.get('plan_ms')), '.0f', 6)}"
+                    f"{_f(_median(s.get('cpu_to_all_s')), '.2f', 6)}"
+                    f"{_f(_median(s.get('own_cpu_to_all_s')), '.2f', 6)}"
                     f"{_f(block['probe_ms']['max'], '.0f', 10)}"
                 )
+    print("\nscheduler CPU per assignment, µs (rounds' CPU less their heartbeats, over assignments queued;")
+    print("  plans, declarations and the bench's own calls included: an upper bound)")
+    for r in runs:
+        per = r.get("cpu_per_assignment_us") or {}
+        empty, busy = _f(per.get("empty"), ".0f", 6), _f(per.get("busy_rounds"), ".0f", 6)
+        print(f"{r['daemons']:>8}  empty {empty}   busy {busy}")
     if result.get("ratios"):
         print(f"\n{'scaling (largest N / smallest N)':<40}{'value':>8}")
         for name, value in result["ratios"].items():
@@ -1217,8 +1374,20 @@ def main() -> int:
     )
     parser.add_argument("--connect-timeout", type=float, default=180.0)
     parser.add_argument(
+        "--connect-rate",
+        type=float,
+        default=1000.0,
+        help="streams opened per second over all workers (0: all at once; a fleet comes up over"
+        " seconds, and 10,000 Hellos in one instant measure a storm, not the steady state)",
+    )
+    parser.add_argument(
+        "--phases",
+        default=",".join(PHASES),
+        help=f"comma-separated subset of {','.join(PHASES)} (connect always runs)",
+    )
+    parser.add_argument(
         "--scheduler-log-level",
-        default="warning",
+        default="info",
         choices=["debug", "info", "warning", "error"],
         help="the scheduler's --log-level; its stderr is summarised in the report",
     )
@@ -1256,6 +1425,8 @@ def main() -> int:
             "rounds": args.rounds,
             "workers": args.workers,
             "streams_per_channel": args.streams_per_channel,
+            "connect_rate": args.connect_rate,
+            "phases": args.phases,
             "heartbeat_interval": 1.0,
             "heartbeat_budget": args.heartbeat_budget,
             "slots_per_daemon": "4 and 8, alternating",

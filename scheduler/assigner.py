@@ -104,6 +104,10 @@ class Assigner:
         """How long the last plan took, with its pushes (wall time)."""
         self.checks_skipped = 0
         """Demand checks that found no job's demand changed (no plan made)."""
+        self.heartbeats = 0
+        """Heartbeats noted since start (``GetClusterInfo``: load benchmarks divide CPU by it)."""
+        self.assignments = 0
+        """Assignments queued to daemons since start (each push and resend)."""
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_budget = heartbeat_budget
         self._clock = clock
@@ -177,6 +181,7 @@ class Assigner:
         """Notes a heartbeat and its counters; sends the assignment again if the daemon has not
         applied it."""
         now = self._clock()
+        self.heartbeats += 1
         session.last_seen = now
         session.silence_interval = session.heartbeat_interval
         session.applied_version = heartbeat.applied_version
@@ -233,7 +238,9 @@ class Assigner:
             self._replan_for_event()
 
     async def watch(self) -> None:
-        """Calls :meth:`expire` twice per heartbeat interval, until cancelled.
+        """Calls :meth:`expire` twice per heartbeat interval (the one the daemons are told: on a
+        cluster past the heartbeat budget, longer than the configured one, and so are the
+        silences it looks for), until cancelled.
 
         A check that wakes up late (by over a quarter interval: the loop was busy, e.g. with a
         long plan) is put off once, to the next: heartbeats that arrived meanwhile wait to be
@@ -242,9 +249,10 @@ class Assigner:
         loop = asyncio.get_running_loop()
         put_off = False
         while True:
-            due = loop.time() + self.heartbeat_interval / 2
-            await asyncio.sleep(self.heartbeat_interval / 2)
-            if not put_off and loop.time() - due > self.heartbeat_interval / 4:
+            interval = self.interval_for(len(self._registry))
+            due = loop.time() + interval / 2
+            await asyncio.sleep(interval / 2)
+            if not put_off and loop.time() - due > interval / 4:
                 put_off = True
                 log.info("sched.expire.put_off", extra={"late": round(loop.time() - due, 3)})
                 continue
@@ -416,6 +424,7 @@ class Assigner:
         version: int,
     ) -> None:
         session.send(message)
+        self.assignments += 1
         if self._observer is not None:
             self._observer.pushed()
         session.held = share

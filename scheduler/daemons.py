@@ -10,7 +10,7 @@ How a stream ends:
 - the daemon ends its side: OK, and the daemon is forgotten;
 - a second Connect with the same daemon id: the first ends with ABORTED;
 - no heartbeat for 3 intervals: UNAVAILABLE (the assigner's watchdog closes it);
-- no valid Hello within 3 intervals: INVALID_ARGUMENT naming the field.
+- no valid Hello within 3 intervals (as it would be told): INVALID_ARGUMENT naming the field.
 
 In every case the plan is recomputed at once without the daemon.
 
@@ -68,6 +68,9 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         self._timeline = timeline
         self._brokers = tuple(brokers)
         self._clock = clock
+        self._welcomes: dict[float, daemons_pb2.SchedulerMessage] = {}
+        """Welcome by heartbeat interval: the same few for every daemon (brokers and epoch are
+        fixed for the servicer's life), built once, not once per connect."""
 
     async def Connect(
         self, request_iterator: AsyncIterator[daemons_pb2.DaemonMessage], context: Context
@@ -77,9 +80,7 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
         except SchedulerError as exc:
             log.warning("sched.daemon.refused", extra={"peer": context.peer(), "details": str(exc)})
             await context.abort(exc.code, str(exc))
-        welcome = welcome_pb(self._brokers, self._assigner.welcome(session))
-        welcome.welcome.epoch = self._epoch
-        session.send(welcome)
+        session.send(self._welcome(self._assigner.welcome(session)))
         self._assigner.connect(session)
         reader = asyncio.create_task(
             self._read(request_iterator, session), name=f"daemon-{session.daemon_id}"
@@ -120,11 +121,21 @@ class DaemonServicer(daemons_pb2_grpc.DaemonServiceServicer):
             await context.abort(exc.code, str(exc))
         return self._info_pb(session)
 
+    def _welcome(self, interval: float) -> daemons_pb2.SchedulerMessage:
+        welcome = self._welcomes.get(interval)
+        if welcome is None:
+            welcome = self._welcomes[interval] = welcome_pb(self._brokers, interval)
+            welcome.welcome.epoch = self._epoch
+        return welcome
+
     def _info_pb(self, session: DaemonSession) -> daemons_pb2.DaemonInfo:
         return daemon_pb(session, self._clock)
 
     async def _hello(self, requests: AsyncIterator[daemons_pb2.DaemonMessage]) -> DaemonSession:
-        timeout = MISSED_HEARTBEATS * self._assigner.heartbeat_interval
+        # Judged like silence: three of the intervals a daemon would be told now (on a cluster
+        # past the heartbeat budget, longer than the configured one; a loop stalled by a storm of
+        # connects must not refuse Hellos that arrived in time but were not read yet).
+        timeout = MISSED_HEARTBEATS * self._assigner.interval_for(self._assigner.daemon_count + 1)
         try:
             first = await asyncio.wait_for(anext(requests), timeout)
         except StopAsyncIteration:

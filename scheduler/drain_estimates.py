@@ -12,11 +12,13 @@ sheds), once per plan.
 from __future__ import annotations
 
 from collections.abc import Container, Iterator, Mapping, Sequence
-from typing import Protocol, final
+from typing import Protocol, TypeVar, final, overload
 
 from truba.proto.v1 import daemons_pb2
 from truba.scheduler.drains import expected_ends
 from truba.scheduler.running import DaemonRunning
+
+T = TypeVar("T")
 
 
 class Reporting(Protocol):
@@ -84,6 +86,19 @@ class ReportedEnds(Mapping[tuple[str, str], Sequence[float]]):
         if ends is None:
             raise KeyError(key)
         return ends
+
+    @overload
+    def get(self, key: tuple[str, str], /) -> Sequence[float] | None: ...
+    @overload
+    def get(self, key: tuple[str, str], default: Sequence[float] | T, /) -> Sequence[float] | T: ...
+    def get(self, key: tuple[str, str], default: object = None, /) -> object:
+        """As :meth:`__getitem__`, without raising for a pair with no ends (most pairs, on a
+        cluster of idle daemons: the planner asks for every move's donor)."""
+        daemon_id, job_id = key
+        if daemon_id not in self._sessions:
+            return default
+        ends = self._daemon(daemon_id).get(job_id)
+        return default if ends is None else ends
 
     def __iter__(self) -> Iterator[tuple[str, str]]:
         for daemon_id in self._sessions:

@@ -208,6 +208,8 @@ class JobServicer(jobs_pb2_grpc.JobServiceServicer):
             brokers=brokers_pb(self._brokers),
             daemons=self._assigner.daemon_count,
             slots=self._assigner.total_slots,
+            heartbeats=self._assigner.heartbeats,
+            assignments=self._assigner.assignments,
         )
 
     @reports_errors

@@ -46,6 +46,8 @@ class DaemonSession:
 
     def __init__(self, info: DaemonInfo, held: dict[str, int], now: float) -> None:
         self.info = info
+        self.daemon_id = info.daemon_id
+        """The daemon's id (an attribute, not a property: every plan reads every daemon's)."""
         self.held = held
         """Slots per job the daemon holds: reported in Hello, then the last assignment sent."""
         self.version = 0
@@ -68,10 +70,6 @@ class DaemonSession:
         """Why the scheduler ended the stream (status and details), once it has."""
         self._outbox: collections.deque[daemons_pb2.SchedulerMessage] = collections.deque()
         self._wake = asyncio.Event()
-
-    @property
-    def daemon_id(self) -> str:
-        return self.info.daemon_id
 
     @property
     def hostname(self) -> str:

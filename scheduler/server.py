@@ -15,7 +15,8 @@ import contextlib
 import fcntl
 import logging
 import os
-from collections.abc import Coroutine, Iterator, Sequence
+import time
+from collections.abc import Callable, Coroutine, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -46,6 +47,7 @@ from truba.scheduler.dead_answers import DeadLetterAnswers
 from truba.scheduler.dead_letters import DeadLetterReader
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.events import JobEvents
+from truba.scheduler.gc_watch import GcWatch
 from truba.scheduler.heartbeat_budget import DEFAULT_HEARTBEAT_BUDGET
 from truba.scheduler.history import JobHistory
 from truba.scheduler.janitor import QueueJanitor
@@ -71,7 +73,17 @@ log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN: Final = "127.0.0.1:50051"
 """Loopback by default: exposing the API is an explicit choice (then with ``token`` and TLS)."""
+PENDING_CALLS: Final = (
+    ("grpc.server.max_pending_requests", 50_000),
+    ("grpc.server.max_pending_requests_hard_limit", 100_000),
+)
+"""How many new calls gRPC's core holds until the asyncio server takes them (one at a time, as
+its loop gets to it). Its defaults (1,000, then refusing at random up to 3,000) failed thousands
+of daemons' Connects when a fleet came up or reconnected at once (after a restart or a failover):
+each was tried again, which made the storm longer. A held call costs a few kB until it is taken."""
 COUNTERS_FLUSH: Final = 2.0
+SLOW_FLUSH: Final = 0.1
+"""Seconds a counters flush may take before it is logged (it runs on the event loop)."""
 """Seconds between writes of changed task counters to the store."""
 STORE_FILE: Final = "scheduler.sqlite3"
 LOCK_FILE: Final = "scheduler.lock"
@@ -231,6 +243,9 @@ class Scheduler:
     async def _start(self) -> None:
         config = self.config
         stack = self._stack
+        gc_watch = GcWatch()
+        gc_watch.install()
+        stack.callback(gc_watch.remove)
         config.state_dir.mkdir(parents=True, exist_ok=True)
         stack.enter_context(_exclusive(config.state_dir / LOCK_FILE))
         store, where = open_store(config.store, config.state_dir / STORE_FILE, timeout=config.store_timeout)
@@ -271,7 +286,7 @@ class Scheduler:
         # gRPC sets SO_REUSEPORT by default: a second scheduler on the same port would silently
         # share its traffic instead of failing to bind.
         server = grpc.aio.server(
-            options=[("grpc.so_reuseport", 0), *config.grpc_options],
+            options=[("grpc.so_reuseport", 0), *PENDING_CALLS, *config.grpc_options],
             interceptors=[
                 CallCounter(self.metrics.grpc_calls),
                 *([LeaderGate(lead.leading, lead.leader)] if lead is not None else []),
@@ -346,7 +361,11 @@ class Scheduler:
         schedules = book.restore()
         _background(firing.run(), stack, name="schedules")
         _background(janitor.watch_dead(), stack, name="dead-letters-expiry")
-        _background(_flush_counters(counters, store), stack, name="counters-flush")
+        _background(
+            _flush_counters(counters, store, lambda: assigner.interval_for(assigner.daemon_count)),
+            stack,
+            name="counters-flush",
+        )
         stack.callback(_store_counters, counters, store)
         self._port = port
         log.info(
@@ -389,22 +408,40 @@ class Scheduler:
         await self.stop()
 
 
-async def _flush_counters(counters: JobCounters, store: JobStore) -> None:
-    """Writes changed counters every :data:`COUNTERS_FLUSH` seconds (one transaction each time)."""
+async def _flush_counters(counters: JobCounters, store: JobStore, interval: Callable[[], float]) -> None:
+    """Writes changed counters every :data:`COUNTERS_FLUSH` seconds, or every heartbeat
+    ``interval()`` the daemons are told when that is longer (one transaction each time).
+
+    Counters change with heartbeats, so on a cluster past the heartbeat budget a shorter period
+    would store little more; and each write encodes a changed job's per-daemon counts (about
+    20 ms of CPU per job at 10,000 daemons, on the loop)."""
     while True:
-        await asyncio.sleep(COUNTERS_FLUSH)
+        await asyncio.sleep(max(COUNTERS_FLUSH, interval()))
         _store_counters(counters, store)
 
 
 def _store_counters(counters: JobCounters, store: JobStore) -> None:
+    began = time.perf_counter()
     dirty = counters.dirty()
     if dirty:
+        encoded = time.perf_counter()
         try:
             store.save_counters(dirty)
         except StoreUnavailable as exc:  # still dirty: the next flush writes them
             log.warning("sched.counters.store_failed", extra={"error": str(exc), "jobs": len(dirty)})
             return
         counters.stored(dirty)
+        took = time.perf_counter() - began
+        if took >= SLOW_FLUSH:  # on the loop: every heartbeat and push waits behind it
+            log.info(
+                "sched.counters.slow_flush",
+                extra={
+                    "jobs": len(dirty),
+                    "bytes": sum(len(text) for text in dirty.values()),
+                    "encode_ms": round((encoded - began) * 1000, 1),
+                    "write_ms": round((time.perf_counter() - encoded) * 1000, 1),
+                },
+            )
 
 
 def _background(

@@ -578,8 +578,14 @@ class ClusterInfo(_message.Message):
     BROKERS_FIELD_NUMBER: _builtins.int
     DAEMONS_FIELD_NUMBER: _builtins.int
     SLOTS_FIELD_NUMBER: _builtins.int
+    HEARTBEATS_FIELD_NUMBER: _builtins.int
+    ASSIGNMENTS_FIELD_NUMBER: _builtins.int
     daemons: _builtins.int
     slots: _builtins.int
+    heartbeats: _builtins.int
+    """Daemon heartbeats this scheduler has read since it started (load measurement)."""
+    assignments: _builtins.int
+    """Assignments it has queued to daemons since it started (one per daemon per change)."""
     @_builtins.property
     def brokers(self) -> _containers.RepeatedCompositeFieldContainer[_common_pb2.Broker]: ...
     def __init__(
@@ -588,10 +594,12 @@ class ClusterInfo(_message.Message):
         brokers: _abc.Iterable[_common_pb2.Broker] | None = ...,
         daemons: _builtins.int = ...,
         slots: _builtins.int = ...,
+        heartbeats: _builtins.int = ...,
+        assignments: _builtins.int = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _Never  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["brokers", b"brokers", "daemons", b"daemons", "slots", b"slots"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["assignments", b"assignments", "brokers", b"brokers", "daemons", b"daemons", "heartbeats", b"heartbeats", "slots", b"slots"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     def WhichOneof(self, oneof_group: _Never) -> None: ...
 

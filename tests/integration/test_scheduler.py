@@ -275,7 +275,10 @@ async def test_a_daemon_that_stops_heartbeating_is_dropped(
     for _ in range(8):
         daemon.heartbeat()
         await asyncio.sleep(HEARTBEAT / 2)
-    assert (await jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())).daemons == 1
+    info = await jobs.GetClusterInfo(jobs_pb2.GetClusterInfoRequest())
+    assert info.daemons == 1
+    # The scheduler counts what it read and sent (load measurements divide CPU by them)
+    assert info.heartbeats >= 7 and info.assignments >= 1
     # Silence ends its stream with UNAVAILABLE
     started = time.monotonic()
     assert await asyncio.wait_for(daemon.call.code(), 10) == grpc.StatusCode.UNAVAILABLE

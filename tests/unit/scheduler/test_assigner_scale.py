@@ -223,3 +223,48 @@ async def test_a_daemon_told_a_shorter_interval_is_judged_by_the_longer_until_it
     clock.advance(3.5)
     assigner.expire()
     assert first.end is not None
+
+
+async def test_heartbeats_and_assignments_are_counted_for_load_measurements(clock: ManualClock) -> None:
+    assigner, jobs, _ = make(clock)
+    d1, d2 = session(clock, "d1"), session(clock, "d2")
+    for daemon in (d1, d2):
+        assigner.connect(daemon)
+    assigner.replan()
+    assert assigner.assignments == 2 and assigner.heartbeats == 0  # each daemon's first
+    jobs.add("a")
+    assigner.replan()
+    assert assigner.assignments == 4
+    for _ in range(3):
+        assigner.heartbeat(d1, daemons_pb2.Heartbeat(applied_version=d1.version))
+    assert assigner.heartbeats == 3 and assigner.assignments == 4
+
+
+async def test_the_watchdog_checks_twice_per_told_interval_on_a_cluster_past_the_budget(
+    clock: ManualClock,
+) -> None:
+    # 3 daemons at 0.05 s would send 60 heartbeats/s; the budget is 10: they are told 0.3 s
+    assigner = Assigner(
+        DaemonRegistry(),
+        Jobs(),
+        heartbeat_interval=0.05,
+        heartbeat_budget=10.0,
+        clock=clock,
+        event_delay=0,
+    )
+    daemons = [session(clock, f"d{i}") for i in range(3)]
+    for daemon in daemons:
+        assigner.welcome(daemon)
+        assigner.connect(daemon)
+    assert abs(assigner.interval_for(3) - 0.3) < 1e-9
+    clock.advance(10.0)  # all silent for long (by the assigner's clock)
+    watching = asyncio.create_task(assigner.watch())
+    try:
+        await asyncio.sleep(0.06)  # past half the configured interval, before half the told one
+        assert all(d.end is None for d in daemons)
+        deadline = time.monotonic() + 5.0
+        while assigner.daemon_count and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert assigner.daemon_count == 0  # the check at half the told interval dropped them
+    finally:
+        watching.cancel()

@@ -159,5 +159,7 @@ def test_reported_ends_read_the_last_heartbeat() -> None:
     assert ends.get(("d1", "now")) is None  # immediate preemption: free at once
     assert ends.get(("d1", "c")) is None
     assert ends.get(("d2", "a")) is None
+    assert ends.get(("d2", "a"), ()) == () and ends.get(("d1", "c"), ()) == ()
+    assert ends.get(("d1", "a"), ()) == ends[("d1", "a")]
     assert set(ends) == {("d1", "a"), ("d1", "b")}
     assert len(ends) == 2
