@@ -64,6 +64,8 @@ class Elector:
         self.leader: LeaseRow | None = None
         """The lease as last read while not holding it (None: not read yet)."""
         self._clock = clock
+        self._losing = threading.Lock()
+        """lose() runs on the loop and on the watchdog's thread: one of them says it."""
 
     @property
     def ttl(self) -> float:
@@ -116,8 +118,11 @@ class Elector:
         self.lose("lease lost")
 
     def lose(self, reason: str) -> None:
-        """Stops leading for good (idempotent) and says so once."""
-        if self.epoch and not self.fence.lost:
+        """Stops leading for good (idempotent, from any thread) and says so once."""
+        with self._losing:
+            first = not self.fence.lost
+            self.fence.lose()
+        if self.epoch and first:
             log.warning(
                 "sched.lease.lost",
                 extra={
@@ -127,7 +132,6 @@ class Elector:
                     "lease_until": self.lease_until,
                 },
             )
-        self.fence.lose()
 
     def release(self) -> None:
         """Ends our lease at once (a graceful stop, after serving stopped); errors are logged."""
