@@ -65,7 +65,7 @@ class TrubaProcess:
             log.warning(
                 "local.process.killed",
                 extra={
-                    "process": self.name,
+                    "truba_process": self.name,
                     "pid": self.popen.pid,
                     "why": f"still running {timeout:g} s after SIGTERM",
                 },
