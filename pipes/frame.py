@@ -203,13 +203,12 @@ class FrameSender:
     async def _send_alone(self, message: bytes) -> Confirmation:
         """One message, unchanged. If the inner send raises, the message was not taken: the
         caller gets the error and nothing is kept."""
-        number = self._groups + 1  # numbered before the wait: its place is when it was sent
-        self._groups = number
+        outer: Confirmation = asyncio.get_running_loop().create_future()
+        group = self._group([message], [outer])  # numbered before the wait: its place is when it was sent
         inner = await self.inner.send(message)
         self.alone += 1
         self._window.take()
-        outer: Confirmation = asyncio.get_running_loop().create_future()
-        self._track(inner, _Group(number, [message], [outer]))
+        self._track(inner, group)
         return outer
 
     async def _hand(self, group: _Group) -> None:
