@@ -24,7 +24,8 @@ import asyncio
 import contextlib
 import logging
 import random
-from typing import Any, Protocol
+from collections.abc import AsyncIterator
+from typing import Protocol
 
 import grpc
 
@@ -150,14 +151,12 @@ class SchedulerLink:
         self.address = address
 
     async def _session(self, stop: asyncio.Event) -> None:
-        """One Connect stream until it ends, breaks or ``stop`` is set.
-
-        Messages go up through the call's own ``write`` from one writer task (not a request
-        iterator, which gRPC would consume from a task of its own that outlives a broken stream
-        and warns as it is torn down); every task of the session is awaited before it returns.
-        """
         outbox: asyncio.Queue[daemons_pb2.DaemonMessage] = asyncio.Queue()
         outbox.put_nowait(daemons_pb2.DaemonMessage(hello=self.daemon.hello()))
+
+        async def requests() -> AsyncIterator[daemons_pb2.DaemonMessage]:
+            while True:
+                yield await outbox.get()
 
         async def beat() -> None:
             while True:
@@ -169,42 +168,34 @@ class SchedulerLink:
 
         async with open_channel(self.address, self.credentials) as channel:
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
-            call = stub.Connect(None)  # written with call.write (see above)
-            tasks = [
-                asyncio.create_task(_write(call, outbox, self.address)),
-                asyncio.create_task(beat()),
-            ]
+            call = stub.Connect(requests())
+            beating = asyncio.create_task(beat())
             stopping = asyncio.create_task(stop.wait())
-            next_message: asyncio.Future[object] | None = None
             try:
+                reader = aiter(call)
                 while True:
-                    next_message = asyncio.ensure_future(call.read())
+                    next_message = asyncio.ensure_future(anext(reader))
                     bound = None if self.connected.is_set() else WELCOME_TIMEOUT
                     done, _ = await asyncio.wait(
                         {next_message, stopping}, timeout=bound, return_when=asyncio.FIRST_COMPLETED
                     )
                     if not done:
+                        next_message.cancel()
                         raise TimeoutError(f"no welcome within {WELCOME_TIMEOUT:g} s")
                     if stopping in done:
+                        next_message.cancel()
+                        call.cancel()
                         return
-                    message = next_message.result()
-                    if not isinstance(message, daemons_pb2.SchedulerMessage):  # grpc.aio.EOF
+                    try:
+                        message = next_message.result()
+                    except StopAsyncIteration:
                         log.warning("daemon.scheduler.stream_ended", extra={"scheduler": self.address})
                         return
                     self._handle(message)
             finally:
+                beating.cancel()
+                stopping.cancel()
                 call.cancel()
-                if next_message is not None:
-                    next_message.cancel()
-                for task in (*tasks, stopping):
-                    task.cancel()
-                # Collect them all (their errors are the stream's, already reported above).
-                pending: list[asyncio.Future[Any]] = [
-                    *tasks,
-                    stopping,
-                    *([next_message] if next_message is not None else []),
-                ]
-                await asyncio.gather(*pending, return_exceptions=True)
 
     def _handle(self, message: daemons_pb2.SchedulerMessage) -> None:
         kind = message.WhichOneof("kind")
@@ -247,18 +238,3 @@ class SchedulerLink:
             self.daemon.assign(message.assignment)
         elif kind == "drain":
             self.daemon.drain("scheduler")
-
-
-async def _write(
-    call: grpc.aio.StreamStreamCall[daemons_pb2.DaemonMessage, daemons_pb2.SchedulerMessage],
-    outbox: asyncio.Queue[daemons_pb2.DaemonMessage],
-    address: str,
-) -> None:
-    """Writes the outbox up the stream in order until the stream ends (the reader reports why)."""
-    while True:
-        message = await outbox.get()
-        try:
-            await call.write(message)
-        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-            log.debug("daemon.scheduler.write_ended", extra={"scheduler": address, "error": repr(exc)})
-            return
