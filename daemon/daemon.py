@@ -32,6 +32,7 @@ from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.metrics import DaemonMetrics
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
+from truba.daemon.shutdown import bounded
 from truba.daemon.slot_process import SlotProcess
 from truba.daemon.spans import SpanLog
 from truba.daemon.stats import JobStats
@@ -267,11 +268,12 @@ class Daemon:
             self._close_later(runner)
         self._runners.clear()
         await asyncio.gather(*self._closing.values(), return_exceptions=True)
-        await asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True)
-        await self._launcher.close()
-        await asyncio.gather(*(broker.close() for broker in self._links), return_exceptions=True)
+        # Every end is settled now: the steps below lose nothing if one hangs (see shutdown).
+        await bounded("slots", asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True))
+        await bounded("launcher", self._launcher.close())
+        await bounded("brokers", asyncio.gather(*(b.close() for b in self._links), return_exceptions=True))
         self._stop.set()
-        await link
+        await bounded("scheduler_link", link)
         log.info("daemon.stopped")
 
     # -- reconciliation ------------------------------------------------------------------------

@@ -93,7 +93,8 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
             second = await client.create_job("tests.handlers.basic:sleep", importance=1.0)
             await second.submit(0.001)
             await second.close()
-            outcomes = [outcome async for outcome in second.results()]
+            async with asyncio.timeout(60):  # its own bound: a hang fails here, with the logs
+                outcomes = [outcome async for outcome in second.results()]
             assert [o.ok for o in outcomes] == [True]
             # And the schedule, kept in PostgreSQL, fires on
             (kept,) = await client.schedules()
