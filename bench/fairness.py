@@ -8,6 +8,8 @@ default Policy; the simulated daemons then follow the plan:
 
   graceful   a slot taken from a job finishes its running task first, then serves the new job
   immediate  the running task is interrupted at once and goes back to its job's backlog
+  grace:N    graceful, bounded: a task still running N seconds after its slot was taken is
+             interrupted as in immediate (the job setting preemption_grace=N)
 
 Measured, per mode, at every tick:
   Jain         Jain's index of actual/ideal over the active jobs, where actual = slots running the
@@ -22,6 +24,7 @@ Measured, per mode, at every tick:
   moves/job-h  slots the planner moved from one job to another, per job-hour of active jobs
   moves/need   moves over the moves the arrivals needed at least (each new job's floor(ideal) less
                the free slots when it came): 1.0 means no slot moved that did not have to
+  lost %       work thrown away by interrupted tasks, in % of the cluster's capacity
 
 The planner is given each running task's expected end (--drains estimate, the default: the
 job's moving-average task time minus the time the task ran, as the scheduler estimates it from
@@ -30,7 +33,8 @@ soonest; --drains none plans without (the planner before issue 19), --drains ora
 true ends (the bound an estimate can reach).
 
     python bench/fairness.py [--hours 1] [--load 0.9] [--task-scale 1] [--seed 1]
-                             [--drains estimate|none|oracle] [--modes graceful,immediate] [--json ...]
+                             [--drains estimate|none|oracle] [--modes graceful,grace:60,immediate]
+                             [--json ...]
 """
 
 from __future__ import annotations
@@ -119,10 +123,16 @@ def jain(actual: dict[str, int], fair: dict[str, float]) -> float | None:
 class Simulation:
     """One run in one preemption mode."""
 
-    def __init__(self, args: argparse.Namespace, immediate: bool, gap: float) -> None:
+    def __init__(
+        self, args: argparse.Namespace, immediate: bool, gap: float, grace: float | None = None
+    ) -> None:
         self.rng = random.Random(args.seed)
         self.task_rng = random.Random(args.seed + 1)
         self.immediate = immediate
+        self.grace = grace
+        self.over_since: dict[tuple[str, str], float] = {}
+        """(daemon, job) -> since when it runs more tasks there than planned (grace mode)."""
+        self.lost_work = 0.0
         self.gap = gap
         self.scale = args.task_scale
         self.end = args.hours * 3600.0
@@ -226,22 +236,35 @@ class Simulation:
                     job = self.jobs[job_id]
                     starts = [self.spans[t][0] for t in tokens]
                     out[(daemon.id, job_id)] = expected_ends(starts, job.service_time, now)
+                if self.grace is not None:  # as the scheduler caps them (ReportedEnds' graces)
+                    out[(daemon.id, job_id)] = [
+                        min(end, now + self.grace) for end in out[(daemon.id, job_id)]
+                    ]
         return out
 
     # -- the daemon side -------------------------------------------------------------------
 
     def follow(self, daemon: Daemon, now: float) -> None:
-        """Applies the plan: interrupt (immediate mode) what is over its share, fill free slots."""
-        if self.immediate:
-            for job_id, tokens in daemon.running.items():
-                while len(tokens) > daemon.want.get(job_id, 0):
-                    token = tokens.pop()  # the latest started: the least work lost
-                    del self.tokens[token]
-                    del self.spans[token]
-                    job = self.jobs[job_id]
-                    job.running -= 1
-                    job.backlog += 1
-                    self.interrupts += 1
+        """Applies the plan: interrupt what is over its share (immediate mode; grace mode once
+        it has been over for the grace), fill free slots."""
+        for job_id, tokens in daemon.running.items():
+            key = (daemon.id, job_id)
+            if len(tokens) <= daemon.want.get(job_id, 0):
+                self.over_since.pop(key, None)
+                continue
+            if self.grace is not None and now - self.over_since.setdefault(key, now) < self.grace:
+                continue
+            if not self.immediate and self.grace is None:
+                continue
+            while len(tokens) > daemon.want.get(job_id, 0):
+                token = tokens.pop()  # the latest started: the least work lost
+                del self.tokens[token]
+                self.lost_work += now - self.spans.pop(token)[0]
+                job = self.jobs[job_id]
+                job.running -= 1
+                job.backlog += 1
+                self.interrupts += 1
+            self.over_since.pop(key, None)
         self.fill(daemon, now)
 
     def fill(self, daemon: Daemon, now: float) -> None:
@@ -345,6 +368,7 @@ class Simulation:
             "moves_per_job_hour": self.moves / job_hours if job_hours else 0.0,
             "moves_over_needed": self.moves / self.needed if self.needed else float("nan"),
             "interrupts_per_job_hour": self.interrupts / job_hours if job_hours else 0.0,
+            "work_lost_pct": 100 * self.lost_work / (self.capacity * self.end),
             "plans": self.plans,
             "plan_ms_mean": 1000 * self.plan_seconds / max(1, self.plans),
         }
@@ -362,6 +386,7 @@ def print_table(result: dict[str, dict[str, object]]) -> None:
         ("share p95 s", "to_share_p95_s", lambda v: f"{v:.2f}"),
         ("moves/job-h", "moves_per_job_hour", lambda v: f"{v:.0f}"),
         ("moves/need", "moves_over_needed", lambda v: f"{v:.2f}"),
+        ("lost %", "work_lost_pct", lambda v: f"{v:.2f}"),
         ("plan ms", "plan_ms_mean", lambda v: f"{v:.2f}"),
     ]
     print("\n" + f"{'mode':<11}" + "".join(f"{name:>13}" for name, _, _ in columns))
@@ -379,7 +404,9 @@ def main() -> int:
     parser.add_argument("--task-scale", type=float, default=1.0, help="multiplies every task time")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--drains", choices=["estimate", "none", "oracle"], default="estimate")
-    parser.add_argument("--modes", default="graceful,immediate", help="comma-separated")
+    parser.add_argument(
+        "--modes", default="graceful,immediate", help="comma-separated: graceful, immediate, grace:SECONDS"
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/fairness.json"))
     args = parser.parse_args()
     gap = mean_work(args.seed, args.task_scale) / (args.load * args.daemons * args.slots)
@@ -387,7 +414,10 @@ def main() -> int:
     result: dict[str, dict[str, object]] = {}
     for mode in args.modes.split(","):
         began = time.perf_counter()
-        result[mode] = Simulation(args, mode == "immediate", gap).run()
+        grace = float(mode.split(":", 1)[1]) if mode.startswith("grace:") else None
+        if mode not in ("graceful", "immediate") and grace is None:
+            parser.error(f"unknown mode {mode!r}: graceful, immediate or grace:SECONDS")
+        result[mode] = Simulation(args, mode == "immediate", gap, grace).run()
         print(f"  {mode}: simulated in {time.perf_counter() - began:.0f} s", flush=True)
     print_table(result)
     print(f"\ngoal: Jain >= {JAIN_GOAL}; a new job at its share within 1 s with immediate preemption")

@@ -56,6 +56,9 @@ class JobOptions(TypedDict, total=False):
             says so meanwhile. Above ``max_slots`` it is refused.
         max_slots: the most slots the job gets (None, the default: no upper bound; at least 1).
         preemption: see :data:`Preemption` (default ``"graceful"``).
+        preemption_grace: with graceful preemption, seconds a task may still run on a slot taken
+            from the job before it is interrupted and goes back to its queue unspent (None, the
+            default: it finishes however long it takes).
         task_timeout: seconds an attempt may run before its slot is killed (None: no limit; at
             most the brokers' consumer_timeout).
         max_attempts: attempts per task, at least 1 (None: the scheduler's default, 3). Counts
@@ -76,6 +79,7 @@ class JobOptions(TypedDict, total=False):
     min_slots: int
     max_slots: int | None
     preemption: Preemption
+    preemption_grace: float | None
     task_timeout: float | None
     max_attempts: int | None
     queue_type: QueueType
@@ -215,6 +219,11 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
     task_timeout = given.get("task_timeout")
     if task_timeout is not None:
         task_timeout = _seconds("task_timeout", task_timeout)
+    grace = given.get("preemption_grace")
+    if grace is not None:
+        grace = _seconds("preemption_grace", grace)
+        if preemption != "graceful":
+            raise _invalid("preemption_grace", 'bounds graceful preemption; not with preemption="immediate"')
     retry_on = _retry_on(given.get("retry_on", ()))
     backoff = _backoff(given["backoff"]) if "backoff" in given else (0.0, 0.0)
     return common_pb2.JobSettings(
@@ -230,6 +239,7 @@ def settings_pb(**options: Unpack[JobOptions]) -> common_pb2.JobSettings:
         backoff_initial=backoff[0],
         backoff_max=backoff[1],
         codec=_CODEC[str(codec)],
+        preemption_grace=grace or 0.0,
     )
 
 

@@ -4,7 +4,8 @@ The number of workers follows ``target`` (slots the scheduler assigned). Idle wo
 once when it drops. Busy workers leave after their task (graceful preemption), or, for a job
 with immediate preemption, are interrupted: the slot is killed and restarted, the task goes back
 to its queue without spending an attempt (see :mod:`truba.daemon.execution`), and the slot is
-free within milliseconds.
+free within milliseconds. A graceful job may bound the wait (``preemption_grace``): the tasks of
+slots taken from it that still run that many seconds later are interrupted as above.
 
 The crew also knows why every worker stops: the runner closes, stops now, or a pipe broke
 under it (``failure``: its owner reopens the runner).
@@ -13,11 +14,14 @@ under it (``failure``: its owner reopens the runner).
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import dataclass, field
 
 from truba.daemon.slot_process import SlotProcess
 from truba.daemon.supervise import Interrupt
 from truba.pipes.errors import PipeError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -39,7 +43,8 @@ class Worker:
 class Crew:
     """The workers of one runner and the slot count they follow; see the module docstring."""
 
-    def __init__(self, target: int) -> None:
+    def __init__(self, target: int, job_id: str = "") -> None:
+        self.job_id = job_id
         self.target = target
         self.workers: dict[Worker, asyncio.Task[None]] = {}
         """Each worker with the task that runs it (see JobRunner._work)."""
@@ -71,9 +76,9 @@ class Crew:
             return True
         return False
 
-    def resize(self, target: int, interrupt: bool) -> None:
+    def resize(self, target: int, interrupt: bool, grace: float | None = None) -> None:
         """Follows a new slot count: idle workers over it leave now; busy ones after their task,
-        or at once when ``interrupt``."""
+        at once when ``interrupt``, or after their task but at most ``grace`` seconds from now."""
         self.target = target
         excess = self.staying - target
         if excess <= 0:
@@ -84,12 +89,29 @@ class Crew:
             worker.wake.set()
             excess -= 1
         if excess > 0 and interrupt:
-            # Interrupt the most recently started tasks: they lose the least work.
-            busy = sorted((w for w in staying if w.busy), key=lambda w: w.started_at, reverse=True)
-            for worker in busy[:excess]:
-                worker.leaving = True
-                worker.interrupt.set()
+            self._interrupt_newest(excess)
+        elif excess > 0 and grace is not None:
+            asyncio.get_running_loop().call_later(grace, self._grace_over, excess, grace)
         # Graceful: whichever busy worker finishes first leaves (see leaves).
+
+    def _grace_over(self, taken: int, grace: float) -> None:
+        """``grace`` passed since ``taken`` busy slots were taken: those still over the target
+        are interrupted (fewer if tasks ended meanwhile or the target rose again)."""
+        excess = min(taken, self.staying - self.target)
+        if excess <= 0:  # (a runner closing because the job left: its tasks are over the target)
+            return
+        log.info(
+            "daemon.preemption.grace_over",
+            extra={"job_id": self.job_id, "grace": grace, "interrupted": excess, "target": self.target},
+        )
+        self._interrupt_newest(excess)
+
+    def _interrupt_newest(self, count: int) -> None:
+        """Interrupts the ``count`` most recently started tasks: they lose the least work."""
+        busy = [w for w in self.workers if w.busy and not w.leaving]
+        for worker in sorted(busy, key=lambda w: w.started_at, reverse=True)[:count]:
+            worker.leaving = True
+            worker.interrupt.set()
 
     def stop_now(self) -> None:
         """Every worker leaves; running tasks are interrupted."""

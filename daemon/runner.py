@@ -91,7 +91,7 @@ class JobRunner:
         self.window = window or Window(1)
         self.stop_timeout = stop_timeout
         self.terms = JobTerms(handler, settings or JobSettings(), policy or SlotPolicy())
-        self.crew = Crew(target)
+        self.crew = Crew(target, job_id)
         self.events = TaskEvents(meter)
         self.ends = TaskEndings(pipes, daemon_id, self.stats, self.crew.broke, self.events)
         self.returns = Returns(
@@ -180,13 +180,17 @@ class JobRunner:
     ) -> None:
         """Follows a new slot count: idle workers over it leave now, busy ones per preemption.
 
-        ``immediate`` overrides the job's preemption setting (a drain never interrupts).
+        ``immediate`` overrides the job's preemption setting and its grace (a drain never
+        interrupts; its own timeout bounds it).
         """
         if settings is not None:
             self.terms.settings = settings
         if target == 0:
             self.returns.stop_taking()  # the job leaves this daemon: before anything goes back to its queue
-        self.crew.resize(target, self.terms.settings.immediate if immediate is None else immediate)
+        if immediate is None:
+            self.crew.resize(target, self.terms.settings.immediate, self.terms.settings.preemption_grace)
+        else:
+            self.crew.resize(target, immediate)
 
     def stop_now(self) -> None:
         """Interrupts every running task (they go back to their queue unspent) and closes."""

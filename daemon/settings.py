@@ -30,6 +30,8 @@ class JobSettings:
     :mod:`truba.daemon.retries`).
     ``pickle``: payloads and results are pickled (``codec`` "pickle"): run only with
     ``--allow-pickle``.
+    ``preemption_grace``: seconds a task may still run on a slot taken from a graceful job before
+    it is interrupted (None: no bound).
     """
 
     immediate: bool = False
@@ -40,6 +42,7 @@ class JobSettings:
     retry_on: frozenset[str] = frozenset()
     backoff: tuple[float, float] = DEFAULT_BACKOFF
     pickle: bool = False
+    preemption_grace: float | None = None
 
     @classmethod
     def from_proto(cls, settings: common_pb2.JobSettings) -> JobSettings:
@@ -55,6 +58,7 @@ class JobSettings:
                 settings.backoff_max or max(DEFAULT_BACKOFF[1], settings.backoff_initial),
             ),
             pickle=settings.codec == "pickle",
+            preemption_grace=settings.preemption_grace if settings.preemption_grace > 0 else None,
         )
 
     def to_proto(self) -> common_pb2.JobSettings:
@@ -69,4 +73,5 @@ class JobSettings:
             backoff_initial=self.backoff[0],
             backoff_max=self.backoff[1],
             codec="pickle" if self.pickle else "",
+            preemption_grace=self.preemption_grace or 0.0,
         )

@@ -329,7 +329,10 @@ class Assigner:
         self._planned_slots = total
         started = time.perf_counter()
         graceful = {job.id for job in jobs.values() if job.settings.preemption is Preemption.GRACEFUL}
-        ends = ReportedEnds(sessions, now, time.time(), graceful)
+        graces = {
+            job.id: job.settings.preemption_grace for job in jobs.values() if job.settings.preemption_grace
+        }
+        ends = ReportedEnds(sessions, now, time.time(), graceful, graces)
         result = plan(
             capacities, specs, current, now=now, given_at=self._given_at, policy=self._policy, ends=ends
         )

@@ -51,6 +51,7 @@ def settings_pb(settings: JobSettings) -> common_pb2.JobSettings:
         backoff_initial=settings.backoff_initial,
         backoff_max=settings.backoff_max,
         codec="" if settings.codec == "msgpack" else settings.codec,
+        preemption_grace=settings.preemption_grace,
     )
 
 

@@ -47,12 +47,20 @@ class ReportedEnds(Mapping[tuple[str, str], Sequence[float]]):
         wall: the wall clock at ``now`` (attempt starts are daemons' wall-clock times).
         graceful: the jobs whose slots drain (graceful preemption); an immediate job's slot is
             free at once (its task is interrupted), so it has no ends.
+        graces: the graceful jobs whose drains are bounded (``preemption_grace`` seconds): a
+            slot taken now frees by then at the latest.
     """
 
     def __init__(
-        self, sessions: Sequence[Reporting], now: float, wall: float, graceful: Container[str]
+        self,
+        sessions: Sequence[Reporting],
+        now: float,
+        wall: float,
+        graceful: Container[str],
+        graces: Mapping[str, float] | None = None,
     ) -> None:
         self._graceful = graceful
+        self._graces = graces or {}
         self._sessions = {s.daemon_id: s for s in sessions}
         self._now = now
         self._wall = wall
@@ -76,7 +84,11 @@ class ReportedEnds(Mapping[tuple[str, str], Sequence[float]]):
                 continue
             # Not listed: the newest attempts (the oldest are); they started by the last report.
             starts.setdefault(job_id, []).extend([min(session.last_seen, self._now)] * count)
-        return {job: expected_ends(s, means.get(job, 0.0), self._now) for job, s in starts.items()}
+        ends = {job: expected_ends(s, means.get(job, 0.0), self._now) for job, s in starts.items()}
+        for job, grace in self._graces.items():
+            if job in ends:
+                ends[job] = [min(end, self._now + grace) for end in ends[job]]
+        return ends
 
     def __getitem__(self, key: tuple[str, str]) -> Sequence[float]:
         daemon_id, job_id = key

@@ -83,6 +83,9 @@ class JobSettings:
     backoff_initial: float = DEFAULT_BACKOFF[0]
     backoff_max: float = DEFAULT_BACKOFF[1]
     codec: str = "msgpack"
+    preemption_grace: float = 0.0
+    """Graceful preemption's bound in seconds (0: none): a task still running that long after
+    its slot was taken is interrupted and goes back unspent."""
 
 
 @dataclass(frozen=True)

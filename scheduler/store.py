@@ -343,4 +343,5 @@ def settings_from_json(text: str) -> JobSettings:
         backoff_initial=float(data.get("backoff_initial", defaults.backoff_initial)),
         backoff_max=float(data.get("backoff_max", defaults.backoff_max)),
         codec=str(data.get("codec", defaults.codec)),
+        preemption_grace=float(data.get("preemption_grace", defaults.preemption_grace)),
     )

@@ -193,6 +193,14 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
     codec = _CODECS.get(settings.codec)
     if codec is None:
         raise InvalidArgument("settings.codec", f"must be one of 'msgpack', 'pickle', got {settings.codec!r}")
+    grace = settings.preemption_grace
+    if not (math.isfinite(grace) and grace >= 0):
+        raise InvalidArgument("settings.preemption_grace", f"must be a finite number >= 0, got {grace:g}")
+    if grace > 0 and preemption is Preemption.IMMEDIATE:
+        raise InvalidArgument(
+            "settings.preemption_grace",
+            "bounds graceful preemption; with immediate preemption tasks are interrupted at once",
+        )
     backoff_initial, backoff_max = check_backoff(settings.backoff_initial, settings.backoff_max)
     if settings.retry_on and backoff_max + timeout > consumer_timeout:
         raise InvalidArgument(
@@ -213,6 +221,7 @@ def check_settings(settings: common_pb2.JobSettings, *, consumer_timeout: float)
         backoff_initial=backoff_initial,
         backoff_max=backoff_max,
         codec=codec,
+        preemption_grace=grace,
     )
 
 

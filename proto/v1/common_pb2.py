@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15truba/v1/common.proto\x12\x08truba.v1\"#\n\x06\x42roker\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"9\n\tJobQueues\x12\r\n\x05tasks\x18\x01 \x01(\t\x12\x0f\n\x07results\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x65\x61\x64\x18\x03 \x01(\t\"\xd1\x02\n\x0bJobSettings\x12\x11\n\tmin_slots\x18\x01 \x01(\r\x12\x16\n\tmax_slots\x18\x02 \x01(\rH\x00\x88\x01\x01\x12(\n\npreemption\x18\x03 \x01(\x0e\x32\x14.truba.v1.Preemption\x12\x14\n\x0ctask_timeout\x18\x04 \x01(\x01\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\'\n\nqueue_type\x18\x06 \x01(\x0e\x32\x13.truba.v1.QueueType\x12\x12\n\npriorities\x18\x07 \x01(\x08\x12\x11\n\tno_frames\x18\x08 \x01(\x08\x12\x10\n\x08retry_on\x18\t \x03(\t\x12\x17\n\x0f\x62\x61\x63koff_initial\x18\n \x01(\x01\x12\x13\n\x0b\x62\x61\x63koff_max\x18\x0b \x01(\x01\x12\r\n\x05\x63odec\x18\x0c \x01(\tB\x0c\n\n_max_slotsB\x0f\n\r_max_attempts*[\n\nPreemption\x12\x1a\n\x16PREEMPTION_UNSPECIFIED\x10\x00\x12\x17\n\x13PREEMPTION_GRACEFUL\x10\x01\x12\x18\n\x14PREEMPTION_IMMEDIATE\x10\x02*V\n\tQueueType\x12\x1a\n\x16QUEUE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11QUEUE_TYPE_QUORUM\x10\x01\x12\x16\n\x12QUEUE_TYPE_CLASSIC\x10\x02\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x15truba/v1/common.proto\x12\x08truba.v1\"#\n\x06\x42roker\x12\x0b\n\x03url\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\"9\n\tJobQueues\x12\r\n\x05tasks\x18\x01 \x01(\t\x12\x0f\n\x07results\x18\x02 \x01(\t\x12\x0c\n\x04\x64\x65\x61\x64\x18\x03 \x01(\t\"\xeb\x02\n\x0bJobSettings\x12\x11\n\tmin_slots\x18\x01 \x01(\r\x12\x16\n\tmax_slots\x18\x02 \x01(\rH\x00\x88\x01\x01\x12(\n\npreemption\x18\x03 \x01(\x0e\x32\x14.truba.v1.Preemption\x12\x14\n\x0ctask_timeout\x18\x04 \x01(\x01\x12\x19\n\x0cmax_attempts\x18\x05 \x01(\rH\x01\x88\x01\x01\x12\'\n\nqueue_type\x18\x06 \x01(\x0e\x32\x13.truba.v1.QueueType\x12\x12\n\npriorities\x18\x07 \x01(\x08\x12\x11\n\tno_frames\x18\x08 \x01(\x08\x12\x10\n\x08retry_on\x18\t \x03(\t\x12\x17\n\x0f\x62\x61\x63koff_initial\x18\n \x01(\x01\x12\x13\n\x0b\x62\x61\x63koff_max\x18\x0b \x01(\x01\x12\r\n\x05\x63odec\x18\x0c \x01(\t\x12\x18\n\x10preemption_grace\x18\r \x01(\x01\x42\x0c\n\n_max_slotsB\x0f\n\r_max_attempts*[\n\nPreemption\x12\x1a\n\x16PREEMPTION_UNSPECIFIED\x10\x00\x12\x17\n\x13PREEMPTION_GRACEFUL\x10\x01\x12\x18\n\x14PREEMPTION_IMMEDIATE\x10\x02*V\n\tQueueType\x12\x1a\n\x16QUEUE_TYPE_UNSPECIFIED\x10\x00\x12\x15\n\x11QUEUE_TYPE_QUORUM\x10\x01\x12\x16\n\x12QUEUE_TYPE_CLASSIC\x10\x02\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'truba.v1.common_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PREEMPTION']._serialized_start=471
-  _globals['_PREEMPTION']._serialized_end=562
-  _globals['_QUEUETYPE']._serialized_start=564
-  _globals['_QUEUETYPE']._serialized_end=650
+  _globals['_PREEMPTION']._serialized_start=497
+  _globals['_PREEMPTION']._serialized_end=588
+  _globals['_QUEUETYPE']._serialized_start=590
+  _globals['_QUEUETYPE']._serialized_end=676
   _globals['_BROKER']._serialized_start=35
   _globals['_BROKER']._serialized_end=70
   _globals['_JOBQUEUES']._serialized_start=72
   _globals['_JOBQUEUES']._serialized_end=129
   _globals['_JOBSETTINGS']._serialized_start=132
-  _globals['_JOBSETTINGS']._serialized_end=469
+  _globals['_JOBSETTINGS']._serialized_end=495
 # @@protoc_insertion_point(module_scope)

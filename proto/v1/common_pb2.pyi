@@ -140,6 +140,7 @@ class JobSettings(_message.Message):
     BACKOFF_INITIAL_FIELD_NUMBER: _builtins.int
     BACKOFF_MAX_FIELD_NUMBER: _builtins.int
     CODEC_FIELD_NUMBER: _builtins.int
+    PREEMPTION_GRACE_FIELD_NUMBER: _builtins.int
     min_slots: _builtins.int
     """At least this many slots whenever the cluster has them (0: none guaranteed)."""
     max_slots: _builtins.int
@@ -166,6 +167,11 @@ class JobSettings(_message.Message):
     """How payloads and results are encoded: "" (msgpack with truba's extension types) or
     "pickle" (run only by daemons started with --allow-pickle).
     """
+    preemption_grace: _builtins.float
+    """Graceful preemption's bound: seconds a task may still run on a slot taken from the job
+    before it is interrupted and goes back to its queue unspent, as with immediate preemption
+    (0: no bound, the task finishes). Only with graceful preemption.
+    """
     @_builtins.property
     def retry_on(self) -> _containers.RepeatedScalarFieldContainer[_builtins.str]:
         """Exceptions after which a task that raised is tried again (up to max_attempts), by name:
@@ -188,10 +194,11 @@ class JobSettings(_message.Message):
         backoff_initial: _builtins.float = ...,
         backoff_max: _builtins.float = ...,
         codec: _builtins.str = ...,
+        preemption_grace: _builtins.float = ...,
     ) -> None: ...
     _HasFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "_max_slots", b"_max_slots", "max_attempts", b"max_attempts", "max_slots", b"max_slots"]  # noqa: Y015
     def HasField(self, field_name: _HasFieldArgType) -> _builtins.bool: ...
-    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "_max_slots", b"_max_slots", "backoff_initial", b"backoff_initial", "backoff_max", b"backoff_max", "codec", b"codec", "max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "no_frames", b"no_frames", "preemption", b"preemption", "priorities", b"priorities", "queue_type", b"queue_type", "retry_on", b"retry_on", "task_timeout", b"task_timeout"]  # noqa: Y015
+    _ClearFieldArgType: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts", "_max_slots", b"_max_slots", "backoff_initial", b"backoff_initial", "backoff_max", b"backoff_max", "codec", b"codec", "max_attempts", b"max_attempts", "max_slots", b"max_slots", "min_slots", b"min_slots", "no_frames", b"no_frames", "preemption", b"preemption", "preemption_grace", b"preemption_grace", "priorities", b"priorities", "queue_type", b"queue_type", "retry_on", b"retry_on", "task_timeout", b"task_timeout"]  # noqa: Y015
     def ClearField(self, field_name: _ClearFieldArgType) -> None: ...
     _WhichOneofReturnType__max_attempts: _TypeAlias = _typing.Literal["max_attempts"]  # noqa: Y015
     _WhichOneofArgType__max_attempts: _TypeAlias = _typing.Literal["_max_attempts", b"_max_attempts"]  # noqa: Y015

@@ -156,7 +156,7 @@ def print_job(job: jobs_pb2.Job) -> None:
 
 
 def _setting(key: str, value: object) -> str:
-    if key in ("max_slots", "task_timeout") and value == 0:
+    if key in ("max_slots", "task_timeout", "preemption_grace") and value == 0:
         return "none"  # 0: no limit
     if isinstance(value, bool):
         return "yes" if value else "no"

@@ -59,6 +59,7 @@ def job_dict(job: jobs_pb2.Job) -> Row:
             "min_slots": s.min_slots,
             "max_slots": s.max_slots,
             "preemption": _enum(common_pb2.Preemption.Name(s.preemption), "PREEMPTION_"),
+            "preemption_grace": s.preemption_grace,
             "task_timeout": s.task_timeout,
             "max_attempts": s.max_attempts,
             "queue_type": _enum(common_pb2.QueueType.Name(s.queue_type), "QUEUE_TYPE_"),

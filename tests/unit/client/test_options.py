@@ -58,6 +58,8 @@ def test_an_option_like_nothing_known_lists_the_valid_ones() -> None:
         ({"task_timeout": 0}, "task_timeout: must be a finite number > 0, got 0"),
         ({"task_timeout": "1"}, "task_timeout: must be a number of seconds, got '1'"),
         ({"preemption": "now"}, "preemption: must be one of"),
+        ({"preemption_grace": 0}, "preemption_grace: must be a finite number > 0, got 0"),
+        ({"preemption": "immediate", "preemption_grace": 5}, "preemption_grace: bounds graceful preemption"),
         ({"codec": "json"}, "codec: must be one of"),
         ({"retry_on": ValueError}, "retry_on: must be a sequence"),
         ({"retry_on": [42]}, "retry_on: must list exception classes"),

@@ -49,3 +49,30 @@ async def test_every_worker_leaves_after_a_pipe_broke_or_a_stop() -> None:
     crew, [busy] = await crew_of([1.0])
     crew.stop_now()
     assert busy.leaving and busy.interrupt.is_set() and crew.now and crew.closing
+
+
+async def test_a_graceful_grace_interrupts_the_tasks_still_running_when_it_is_over() -> None:
+    crew, [older, newer, newest] = await crew_of([1.0, 2.0, 3.0])
+    crew.resize(1, interrupt=False, grace=0.05)
+    assert not any(w.interrupt.is_set() for w in (older, newer, newest))
+    # One task ends within the grace: its worker leaves; one over the target is left.
+    assert crew.leaves(newer) and crew.staying == 2
+    await asyncio.sleep(0.1)
+    assert newest.interrupt.is_set() and newest.leaving
+    assert not older.interrupt.is_set() and not newer.interrupt.is_set()
+    assert crew.staying == 1
+
+
+async def test_a_grace_interrupts_nothing_if_the_slots_came_back_meanwhile() -> None:
+    crew, workers = await crew_of([1.0, 2.0])
+    crew.resize(1, interrupt=False, grace=0.05)
+    crew.resize(2, interrupt=False, grace=0.05)
+    await asyncio.sleep(0.1)
+    assert not any(w.interrupt.is_set() or w.leaving for w in workers)
+
+
+async def test_without_a_grace_as_in_a_drain_tasks_are_never_interrupted() -> None:
+    crew, workers = await crew_of([1.0, 2.0])
+    crew.resize(0, interrupt=False)
+    await asyncio.sleep(0.1)
+    assert not any(w.interrupt.is_set() for w in workers)

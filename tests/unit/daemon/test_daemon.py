@@ -46,14 +46,16 @@ class FakePipesDaemon(Daemon):
         return JobPipes(fake.tasks, fake.results, fake.requeue, fake.dead)
 
 
-def job_slots(job_id: str, handler: str, slots: int, *, immediate: bool = False) -> daemons_pb2.JobSlots:
+def job_slots(
+    job_id: str, handler: str, slots: int, *, immediate: bool = False, grace: float = 0.0
+) -> daemons_pb2.JobSlots:
     preemption = common_pb2.PREEMPTION_IMMEDIATE if immediate else common_pb2.PREEMPTION_GRACEFUL
     return daemons_pb2.JobSlots(
         job_id=job_id,
         handler=handler,
         slots=slots,
         queues=common_pb2.JobQueues(tasks=job_id, results=f"{job_id}.r", dead=f"{job_id}.d"),
-        settings=common_pb2.JobSettings(preemption=preemption),
+        settings=common_pb2.JobSettings(preemption=preemption, preemption_grace=grace),
     )
 
 
@@ -89,7 +91,7 @@ async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
     assign(d, 2, job_slots("b", "tests.handlers.faults:stamp", 1))
     reassigned = time.time()
     await eventually(lambda: "b" in d.jobs)
-    d.jobs["b"].tasks.push(TaskMessage("first", 0.0))
+    d.jobs["b"].tasks.push(TaskMessage("first", 1.5))
     await eventually(lambda: d.jobs["b"].results.sent)
     began = d.jobs["b"].results.sent[0].value["began"]  # type: ignore[index]
     assert began - reassigned < 1.0, f"the new job's task started {began - reassigned:.2f} s after"
@@ -98,6 +100,36 @@ async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
     assert a.requeue.sent == [TaskMessage("long", 60)] and a.results.sent == []
     await eventually(lambda: a.tasks.acked == [TaskMessage("long", 60)])
     await eventually(lambda: a.tasks.closed)  # its consumer is gone
+
+
+async def test_a_graceful_jobs_grace_bounds_how_long_a_taken_slot_keeps_its_task(
+    daemon: Callable[[int], FakePipesDaemon],
+) -> None:
+    d = daemon(2)
+    assign(d, 1, job_slots("a", "tests.handlers.basic:sleep", 2, grace=1.0))
+    await eventually(lambda: "a" in d.jobs)
+    d.jobs["a"].tasks.push(TaskMessage("long", 60))
+    d.jobs["a"].tasks.push(TaskMessage("short", 0.3))
+    await eventually(lambda: d.heartbeat().stats and d.heartbeat().stats[0].busy_slots == 2)
+    assign(
+        d,
+        2,
+        job_slots("a", "tests.handlers.basic:sleep", 0, grace=1.0),
+        job_slots("b", "tests.handlers.faults:stamp", 2),
+    )
+    taken = time.time()
+    await eventually(lambda: "b" in d.jobs)
+    d.jobs["b"].tasks.push(TaskMessage("first", 1.5))
+    d.jobs["b"].tasks.push(TaskMessage("second", 1.5))
+    await eventually(lambda: len(d.jobs["b"].results.sent) == 2, timeout=10)
+    began = sorted(r.value["began"] for r in d.jobs["b"].results.sent)  # type: ignore[index]
+    # The short task ended within the grace and its slot moved then; the long one was
+    # interrupted when the grace was over, went back unspent, and its slot moved.
+    assert began[0] - taken < 0.9, f"the freed slot served b {began[0] - taken:.2f} s after"
+    assert 0.95 < began[1] - taken < 3.0, f"the second slot served b {began[1] - taken:.2f} s after"
+    a = d.jobs["a"]
+    assert [r.task_id for r in a.results.sent] == ["short"]
+    assert a.requeue.sent == [TaskMessage("long", 60)]
 
 
 async def test_heartbeats_carry_cumulative_stats_and_drain_finishes_running_tasks(

@@ -163,3 +163,16 @@ def test_reported_ends_read_the_last_heartbeat() -> None:
     assert ends.get(("d1", "a"), ()) == ends[("d1", "a")]
     assert set(ends) == {("d1", "a"), ("d1", "b")}
     assert len(ends) == 2
+
+
+def test_a_bounded_grace_caps_the_expected_ends_of_its_job() -> None:
+    wall = 5000.0
+    attempts = [
+        daemons_pb2.RunningAttempt(job_id="a", task_id="t1", slot=0, start=wall - 1.0),
+        daemons_pb2.RunningAttempt(job_id="b", task_id="t2", slot=1, start=wall - 1.0),
+    ]
+    stats = [daemons_pb2.JobStats(job_id=job, service_time=600.0) for job in ("a", "b")]
+    session = Session("d1", DaemonRunning(attempts, {}), stats)
+    ends = ReportedEnds([session], NOW, wall, graceful={"a", "b"}, graces={"a": 30.0})
+    assert ends[("d1", "a")] == [NOW + 30.0]  # interrupted 30 s after it is taken, at the latest
+    assert ends[("d1", "b")] == [NOW + 599.0]  # no grace: its task's expected end

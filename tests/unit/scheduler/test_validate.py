@@ -4,9 +4,12 @@ import math
 
 import pytest
 
+from truba.daemon.settings import JobSettings as DaemonJobSettings
 from truba.proto.v1 import common_pb2
+from truba.scheduler.convert import settings_pb
 from truba.scheduler.errors import InvalidArgument
 from truba.scheduler.model import JobSettings, Preemption, QueueType
+from truba.scheduler.store import settings_from_json, settings_json
 from truba.scheduler.validate import (
     check_daemon_id,
     check_handler,
@@ -138,6 +141,12 @@ def test_settings_are_converted() -> None:
         (common_pb2.JobSettings(max_slots=2_000_000), "settings.max_slots"),
         (common_pb2.JobSettings(min_slots=3, max_slots=2), "settings.max_slots"),
         (common_pb2.JobSettings(queue_type=9), "settings.queue_type"),  # type: ignore[arg-type]
+        (common_pb2.JobSettings(preemption_grace=-1.0), "settings.preemption_grace"),
+        (common_pb2.JobSettings(preemption_grace=math.nan), "settings.preemption_grace"),
+        (
+            common_pb2.JobSettings(preemption=common_pb2.PREEMPTION_IMMEDIATE, preemption_grace=5.0),
+            "settings.preemption_grace",
+        ),
     ],
 )
 def test_bad_settings_name_their_field(given: common_pb2.JobSettings, field: str) -> None:
@@ -207,3 +216,13 @@ def test_a_retry_backoff_longer_than_the_consumer_timeout_is_refused() -> None:
     with pytest.raises(InvalidArgument, match="^settings.backoff_max: 100s .* consumer_timeout of 120s"):
         check_settings(given, consumer_timeout=120)
     assert check_settings(given, consumer_timeout=150).backoff_max == 100
+
+
+def test_a_graceful_jobs_grace_is_kept_and_travels_to_daemons() -> None:
+    given = common_pb2.JobSettings(preemption_grace=30.0)
+    checked = check_settings(given, consumer_timeout=1800)
+    assert (checked.preemption, checked.preemption_grace) == (Preemption.GRACEFUL, 30.0)
+    assert settings_from_json(settings_json(checked)).preemption_grace == 30.0
+    assert settings_pb(checked).preemption_grace == 30.0
+    assert DaemonJobSettings.from_proto(settings_pb(checked)).preemption_grace == 30.0
+    assert DaemonJobSettings.from_proto(common_pb2.JobSettings()).preemption_grace is None
