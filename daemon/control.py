@@ -24,7 +24,6 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
@@ -60,6 +59,39 @@ class Assignee(Protocol):
     def assign(self, assignment: daemons_pb2.Assignment) -> None: ...
 
     def drain(self, reason: str = "scheduler") -> None: ...
+
+
+class Outbox:
+    """What goes up one Connect stream: gRPC's request iterator, ended with the session.
+
+    A plain iterator, not an async generator: gRPC's task reading it may still wait in it when
+    the stream breaks, and closing a generator suspended in another task fails ("aclose():
+    asynchronous generator is already running"). :meth:`close` ends the iteration, so that task
+    ends with the session instead of staying pending until it is destroyed ("Task was destroyed
+    but it is pending").
+    """
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[daemons_pb2.DaemonMessage | None] = asyncio.Queue()
+        self._closed = False
+
+    def put(self, message: daemons_pb2.DaemonMessage) -> None:
+        if not self._closed:
+            self._queue.put_nowait(message)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put_nowait(None)
+
+    def __aiter__(self) -> Outbox:
+        return self
+
+    async def __anext__(self) -> daemons_pb2.DaemonMessage:
+        message = await self._queue.get()
+        if message is None or self._closed:
+            raise StopAsyncIteration
+        return message
 
 
 class SchedulerLink:
@@ -151,24 +183,20 @@ class SchedulerLink:
         self.address = address
 
     async def _session(self, stop: asyncio.Event) -> None:
-        outbox: asyncio.Queue[daemons_pb2.DaemonMessage] = asyncio.Queue()
-        outbox.put_nowait(daemons_pb2.DaemonMessage(hello=self.daemon.hello()))
-
-        async def requests() -> AsyncIterator[daemons_pb2.DaemonMessage]:
-            while True:
-                yield await outbox.get()
+        outbox = Outbox()
+        outbox.put(daemons_pb2.DaemonMessage(hello=self.daemon.hello()))
 
         async def beat() -> None:
             while True:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._nudged.wait(), self._heartbeat_interval)
                 self._nudged.clear()
-                outbox.put_nowait(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
+                outbox.put(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
                 self.heartbeats += 1
 
         async with open_channel(self.address, self.credentials) as channel:
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
-            call = stub.Connect(requests())
+            call = stub.Connect(outbox)
             beating = asyncio.create_task(beat())
             stopping = asyncio.create_task(stop.wait())
             try:
@@ -193,6 +221,7 @@ class SchedulerLink:
                         return
                     self._handle(message)
             finally:
+                outbox.close()
                 beating.cancel()
                 stopping.cancel()
                 call.cancel()

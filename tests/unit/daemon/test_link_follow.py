@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import cast
 
 import grpc
 import grpc.aio
@@ -135,6 +136,44 @@ async def test_a_scheduler_welcoming_with_an_older_epoch_is_left_for_the_next(
     try:
         await _run(link, lambda: daemon.versions == [2])
         assert stale.hellos >= 1 and link.address == second
+    finally:
+        for server in servers:
+            await server.stop(0)
+
+
+class BreakingLeader(ScriptedLeader):
+    """Welcomes, then breaks the stream with UNAVAILABLE after the first heartbeat."""
+
+    async def Connect(
+        self, request_iterator: AsyncIterator[daemons_pb2.DaemonMessage], context: object
+    ) -> AsyncIterator[daemons_pb2.SchedulerMessage]:
+        await anext(request_iterator)
+        self.hellos += 1
+        yield daemons_pb2.SchedulerMessage(welcome=daemons_pb2.Welcome(heartbeat_interval=0.05, epoch=1))
+        await anext(request_iterator)
+        await cast(grpc.aio.ServicerContext[object, object], context).abort(
+            grpc.StatusCode.UNAVAILABLE, "stream broken by the test"
+        )
+
+
+def _grpc_request_pollers() -> list[asyncio.Task[object]]:
+    return [
+        task
+        for task in asyncio.all_tasks()
+        if not task.done() and "_consume_request_iterator" in repr(task.get_coro())
+    ]
+
+
+async def test_a_broken_stream_leaves_no_request_task_behind(servers: list[grpc.aio.Server]) -> None:
+    leader = BreakingLeader(1, [])  # type: ignore[abstract]
+    address = await _leader(leader, servers)
+    link = SchedulerLink(address, Recorder())
+    try:
+        # Given three sessions that the scheduler broke (the link reconnects after each)
+        await _run(link, lambda: leader.hellos >= 3, timeout=15)
+        await asyncio.sleep(0.1)
+        # Then gRPC's task feeding each session's requests ended with it
+        assert _grpc_request_pollers() == []
     finally:
         for server in servers:
             await server.stop(0)
