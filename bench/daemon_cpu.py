@@ -5,7 +5,8 @@ A job runner of ``--slots`` real slots (``tests.handlers.basic:echo``) is fed ta
 at once), as a daemon's listener would hand them over under W1; the CPU time of this process
 (user + system: the runner, its pipes' layers above the broker leaves, the slots' pipes; the
 slots' own CPU not counted) per task, for each of ``--rounds`` rounds of ``--tasks`` tasks after
-a warm-up. What it leaves out is the RabbitMQ leaves (aiormq, pamqp, the sockets): per frame,
+a warm-up, and the event loop's iterations per task (one iteration: one wake-up of the loop, the
+callbacks ready then run). What it leaves out is the RabbitMQ leaves (aiormq, pamqp, the sockets): per frame,
 not per task, under W1.
 
 W2's single-task path: ``--one``, each task pushed alone and its result awaited before the next.
@@ -49,7 +50,27 @@ class Results(FakeSender[ResultMessage]):
         return confirmation
 
 
+class Iterations:
+    """Counts the running loop's iterations (``_run_once``: a CPython asyncio detail, for a bench)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        run_once = loop._run_once  # type: ignore[attr-defined]
+
+        def counted() -> None:
+            self.count += 1
+            run_once()
+
+        loop._run_once = counted  # type: ignore[attr-defined]
+
+
+iterations = Iterations()
+
+
 async def measure(args: argparse.Namespace) -> list[float]:
+    iterations.install(asyncio.get_running_loop())
     wire: FakeListener[bytes] = FakeListener()
     results = Results()
     unframe = FrameListener(wire)
@@ -85,10 +106,15 @@ async def measure(args: argparse.Namespace) -> list[float]:
         await run(min(args.tasks, 2000))  # warm: slots started, the handler described, chunks on
         per_task = []
         for round_ in range(args.rounds):
-            began = time.process_time()
+            began, turns = time.process_time(), iterations.count
             await run(args.tasks)
             per_task.append((time.process_time() - began) / args.tasks * 1e6)
-            print(f"round {round_ + 1}: {per_task[-1]:.1f} µs of daemon CPU per task", flush=True)
+            per_turn = (iterations.count - turns) / args.tasks
+            print(
+                f"round {round_ + 1}: {per_task[-1]:.1f} µs of daemon CPU per task, "
+                f"{per_turn:.2f} loop iterations per task",
+                flush=True,
+            )
         return per_task
     finally:
         runner.stop_now()
