@@ -24,6 +24,9 @@ class ReplyReader(asyncio.Protocol):
         self._buffer = bytearray()
         self._frames: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
+        self.woken = False
+        """A :meth:`read` waiting for a frame was woken (a frame came, or EOF): its task is about
+        to take it (a watch that would cancel that task lets the reply win instead)."""
         self._ended = False
         self._transport: asyncio.BaseTransport | None = None
 
@@ -81,6 +84,7 @@ class ReplyReader(asyncio.Protocol):
                 await self._waiter
             finally:
                 self._waiter = None
+                self.woken = False
         return self._frames.popleft()
 
     def _end(self) -> None:
@@ -91,6 +95,7 @@ class ReplyReader(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+            self.woken = True
 
 
 async def reply_reader(fd: int) -> ReplyReader:

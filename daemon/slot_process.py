@@ -68,6 +68,11 @@ class SlotProcess:
         """Handlers whose modules the current process had imported before it started."""
         return self._process.preloaded if self._process is not None else frozenset()
 
+    @property
+    def reply_here(self) -> bool:
+        """A reply came while a request waited for it: the waiting task is about to take it."""
+        return self._process is not None and self._process.stdout.woken
+
     async def start(self) -> None:
         """Starts a fresh process (returns once it runs, not necessarily once Python is up)."""
         self.tasks_run = 0

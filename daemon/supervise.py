@@ -125,50 +125,48 @@ async def supervised(
 ) -> tuple[AttemptEnd, T | None]:
     """Runs ``call`` (a request to ``slot``: a task, a batch, a describe) under watch; see the
     module docstring. The call's value comes next to a REPLIED end; ``what`` names it in the
-    timeout error. Never raises SlotDied."""
+    timeout error. Never raises SlotDied.
+
+    The call runs in the caller's own task (no task, future or done callback of its own: at
+    thousands of tasks a second, each costs a turn of the event loop): the watch ends it by
+    cancelling that task, and tells its own cancellation from a real one by the task's count of
+    cancel requests (:meth:`asyncio.Task.uncancel`); a real one propagates.
+    """
     started = time.perf_counter()
-    loop = asyncio.get_running_loop()
-    running = asyncio.ensure_future(call)
-    ended: asyncio.Future[Ending] = loop.create_future()
-
-    def end(why: Ending) -> None:
-        if not ended.done():
-            ended.set_result(why)
-
-    running.add_done_callback(lambda _: end(Ending.REPLIED))
-    timer = loop.call_later(limits.timeout, end, Ending.TIMED_OUT) if limits.timeout else None
-    forget = interrupt.on_set(functools.partial(end, Ending.INTERRUPTED))
-    watching = None
-    if limits.memory:
-        watching = asyncio.ensure_future(_watch_memory(slot, limits.memory))
-        watching.add_done_callback(lambda w: None if w.cancelled() else end(Ending.OUT_OF_MEMORY))
+    if interrupt.is_set():  # before it began; a chunk's replies may still be due: a fresh slot
+        call.close()
+        await slot.kill()
+        await slot.start()
+        return AttemptEnd(Ending.INTERRUPTED, time.perf_counter() - started), None
+    watch = _Watch(slot, limits, interrupt)
     try:
-        why = await ended
+        value = await call
     except asyncio.CancelledError:
-        running.cancel()  # kills the slot
+        watch.stop()
+        if not watch.cancelled or watch.task.uncancel() > 0:  # a real cancellation (too)
+            raise
+    except SlotDied as exc:
+        watch.stop()
+        watch.settle()
+        died = ErrorInfo("SlotDied", str(exc))
+        return AttemptEnd(Ending.DIED, time.perf_counter() - started, error=died), None
+    except BaseException:
+        watch.stop()
+        watch.settle()
         raise
-    finally:
-        forget()
-        if timer is not None:
-            timer.cancel()
-        if watching is not None:
-            watching.cancel()
-    if running.done():  # a reply that raced with the others wins
-        return _finished(running, time.perf_counter() - started)
-    # Stop it: cancelling the run kills the slot; a reply that arrived meanwhile still wins.
-    running.cancel()
-    with contextlib.suppress(asyncio.CancelledError, SlotDied):
-        await running
+    else:  # replied: a reply that raced with the others wins (see _Watch.end)
+        watch.stop()
+        watch.settle()
+        return AttemptEnd(Ending.REPLIED, time.perf_counter() - started), value
+    # Stopped by the watch: the call killed the slot as it was cancelled (or it is dead already).
+    await slot.kill()
     seconds = time.perf_counter() - started
-    if not running.cancelled():  # it ended on its own meanwhile: replied or died
-        return _finished(running, seconds)
     await slot.start()
+    why = watch.why
     if why is Ending.OUT_OF_MEMORY:
-        assert watching is not None
-        used = watching.result()
         error = ErrorInfo(
             "MemoryLimitExceeded",
-            f"the slot's private memory reached {used / MIB:.0f} MiB, over the limit of "
+            f"the slot's private memory reached {watch.used / MIB:.0f} MiB, over the limit of "
             f"{(limits.memory or 0) / MIB:.0f} MiB; the slot was killed",
         )
         return AttemptEnd(Ending.OUT_OF_MEMORY, seconds, error=error), None
@@ -178,20 +176,56 @@ async def supervised(
     return AttemptEnd(Ending.TIMED_OUT, seconds, error=error), None
 
 
-def _finished(running: asyncio.Future[T], seconds: float) -> tuple[AttemptEnd, T | None]:
-    exc = running.exception()
-    if isinstance(exc, SlotDied):
-        return AttemptEnd(Ending.DIED, seconds, error=ErrorInfo("SlotDied", str(exc))), None
-    if exc is not None:
-        raise exc
-    return AttemptEnd(Ending.REPLIED, seconds), running.result()
+class _Watch:
+    """The timeout, the memory limit (a timer every :data:`MEMORY_POLL` s) and the interrupt over
+    a call awaited by the current task: the first one to come cancels the task (``why`` says
+    which), unless the slot's reply is here already (the task is about to take it): then the
+    reply wins, and the call returns it."""
 
+    __slots__ = ("task", "why", "cancelled", "used", "_slot", "_limit", "_loop", "_timer", "_poll", "_forget")
 
-async def _watch_memory(slot: SlotProcess, limit: int | None) -> int:
-    """Returns the slot's private memory once it passes ``limit`` (never, while under it)."""
-    assert limit is not None
-    while True:
-        await asyncio.sleep(MEMORY_POLL)
-        used = slot.private_memory()
-        if used is not None and used > limit:
-            return used
+    def __init__(self, slot: SlotProcess, limits: Limits, interrupt: Interrupt) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self.task = task
+        self.why: Ending | None = None
+        self.cancelled = False
+        """True once it cancelled the task (one cancel request of the task's count is its own)."""
+        self.used = 0
+        """The slot's private memory when it passed the limit."""
+        self._slot, self._limit = slot, limits.memory
+        self._loop = loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(limits.timeout, self.end, Ending.TIMED_OUT) if limits.timeout else None
+        self._poll = loop.call_later(MEMORY_POLL, self._check_memory) if limits.memory else None
+        self._forget = interrupt.on_set(functools.partial(self.end, Ending.INTERRUPTED))
+
+    def end(self, why: Ending) -> None:
+        if self.why is not None:
+            return
+        self.why = why
+        self.stop()
+        if not self._slot.reply_here:
+            self.cancelled = True
+            self.task.cancel()
+
+    def stop(self) -> None:
+        """Disarms it (idempotent)."""
+        self._forget()
+        if self._timer is not None:
+            self._timer.cancel()
+        if self._poll is not None:
+            self._poll.cancel()
+
+    def settle(self) -> None:
+        """After a call that ended on its own although this cancelled it: its cancel request is
+        taken back; a real one still pending is raised."""
+        if self.cancelled and self.task.uncancel() > 0:
+            raise asyncio.CancelledError
+
+    def _check_memory(self) -> None:
+        used = self._slot.private_memory()
+        if used is not None and self._limit is not None and used > self._limit:
+            self.used = used
+            self.end(Ending.OUT_OF_MEMORY)
+        elif self.why is None:
+            self._poll = self._loop.call_later(MEMORY_POLL, self._check_memory)

@@ -33,6 +33,7 @@ class FakeSlot:
 
     index = 0
     pid = 4242
+    reply_here = False
 
     def __init__(self) -> None:
         self.tasks_run = 0
