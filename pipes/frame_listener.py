@@ -22,6 +22,7 @@ without requeue, so the broker dead-letters it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
@@ -101,6 +102,11 @@ class _Member:
         await self._frame.settle(self._message, how)
 
 
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
 """Given a redelivered delivery and its members, the indexes of those with a confirmed result
 (see :class:`~truba.pipes.result_log.ResultLog`)."""
@@ -138,6 +144,8 @@ class FrameListener:
         self._ready: deque[tuple[float, Delivery[bytes]]] = deque()
         """Members received and not handed out yet, with when their frame arrived."""
         self._pull: asyncio.Task[bool] | None = None
+        self._waiters: list[asyncio.Future[None]] = []
+        """The gets waiting for the running pull to end."""
         self._pull_until = 0.0
         """When the running pull's inner get times out (loop time)."""
 
@@ -164,9 +172,11 @@ class FrameListener:
         while True:
             pull = self._pull or self._start_pull(deadline)
             until = self._pull_until  # a pull another waiter started may end before our deadline
-            # asyncio.wait neither cancels the pull on timeout nor when this waiter is
-            # cancelled: what the pull brings stays here for the next get.
-            await asyncio.wait((pull,), timeout=max(0.0, deadline - loop.time()))
+            if not pull.done():
+                # The pull wakes us itself as it ends (no done callback in between: one turn of
+                # the event loop less per frame); neither our timeout nor our cancellation stops
+                # it: what it brings stays here for the next get.
+                await self._wait(pull, deadline - loop.time())
             if not pull.done() and self._looking_up:
                 # The pull holds a redelivered frame and is looking it up in the record (a
                 # bounded wait): its members come next, and must not go unseen by an owner
@@ -182,6 +192,30 @@ class FrameListener:
                 return None  # the inner get timed out for our whole timeout
             # Others took what the pull brought, or it was cancelled, or it timed out before our
             # deadline (another waiter's, shorter): pull again for the rest of our time.
+
+    async def _wait(self, pull: asyncio.Task[bool], timeout: float) -> None:
+        """Until ``pull`` ends (it wakes its waiters: :meth:`_wake`) or ``timeout`` passes."""
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[None] = loop.create_future()
+        self._waiters.append(waiter)
+        timer = loop.call_later(max(0.0, timeout), self._time_out, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            if waiter.cancelled():  # our task was cancelled: no longer waiting
+                self._time_out(waiter)
+
+    def _time_out(self, waiter: asyncio.Future[None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        _wake(waiter)
+
+    def _wake(self) -> None:
+        """Wakes every get waiting for the pull that ends now."""
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            _wake(waiter)
 
     async def take_in(self) -> None:
         """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
@@ -201,21 +235,26 @@ class FrameListener:
     def _pulled(self, pull: asyncio.Task[bool]) -> None:
         if self._pull is pull:  # cancelled before it ran (its own finally never ran)
             self._pull = None
+            self._wake()
         if not pull.cancelled():
             pull.exception()  # seen: its waiters may all have left (the next get raises it anew)
 
     async def _fetch(self, timeout: float) -> bool:
-        """One inner get; its members go to ``_ready``. False when it timed out."""
+        """One inner get; its members go to ``_ready``. False when it timed out. Wakes the gets
+        waiting for it as it ends, however it ends (they run once it has)."""
         try:
-            delivery = await self.inner.get(timeout)
+            try:
+                delivery = await self.inner.get(timeout)
+            finally:
+                self._pull = None
+            if delivery is None:
+                return False
+            members = await self._unsettled(delivery)
+            now = time.monotonic()
+            self._ready.extend((now, member) for member in members)
+            return True
         finally:
-            self._pull = None
-        if delivery is None:
-            return False
-        members = await self._unsettled(delivery)
-        now = time.monotonic()
-        self._ready.extend((now, member) for member in members)
-        return True
+            self._wake()
 
     def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
         async def each(delivery: Delivery[bytes]) -> None:

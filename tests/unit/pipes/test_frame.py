@@ -279,6 +279,42 @@ async def test_a_waiter_that_joins_a_shorter_pull_still_waits_its_own_timeout() 
     assert delivery is not None and delivery.message == b"late"
 
 
+async def turns_until_done(waiters: Sequence[asyncio.Future[Delivery[bytes] | None]]) -> int:
+    turns = 0
+    while not all(waiter.done() for waiter in waiters):
+        await asyncio.sleep(0)
+        turns += 1
+    return turns
+
+
+async def test_the_pull_wakes_its_waiters_itself_one_turn_after_it_ends() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    waiters = [asyncio.ensure_future(listener.get(5.0)) for _ in range(2)]
+    await asyncio.sleep(0.01)
+    inner.push(pack([b"a", b"b"]))
+    # The pull's inner get wakes, the pull splits the frame and ends, waking the waiters, which
+    # take a member each: no done callback and no asyncio.wait in between (one turn more before).
+    assert await turns_until_done(waiters) <= 2
+    got = [w.result() for w in waiters]
+    assert sorted(d.message for d in got if d is not None) == [b"a", b"b"]
+    assert listener._waiters == []
+
+
+async def test_waiters_that_time_out_or_leave_are_not_kept() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    leaving = asyncio.ensure_future(listener.get(5.0))
+    timing_out = asyncio.ensure_future(listener.get(0.02))
+    await asyncio.sleep(0)
+    leaving.cancel()
+    assert await timing_out is None
+    assert leaving.cancelled() and listener._waiters == []
+    inner.push(pack([b"a"]))
+    delivery = await listener.get(1.0)  # the pull still running brought it: kept for the next get
+    assert delivery is not None and delivery.message == b"a"
+
+
 async def test_an_error_of_the_inner_listener_reaches_every_waiter() -> None:
     inner: FakeListener[bytes] = FakeListener()
     listener = FrameListener(inner)
