@@ -155,11 +155,11 @@ class Journal:
             raise ValueError(f"task {task_id} is already in the journal")
         name = task_id.encode()
         if key is None:
-            seq = self._tasks.append(_KEY.pack(len(name)) + name + data)
+            head = _KEY.pack(len(name)) + name
         else:
             ordered = key.encode()
             head = _KEY.pack(len(name) | _KEYED) + name + _KEY.pack(len(ordered)) + ordered
-            seq = self._tasks.append(head + data)
+        seq = self._tasks.append(head, data)  # no copy of the payload to join them
         self._entries[task_id] = _Entry(seq, None, start)
         await self._commit.commit()
 

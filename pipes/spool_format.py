@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import secrets
 import struct
-import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
+
+from truba.pipes.crc import crc32
 
 MAGIC: Final = b"TRSPOOL1"
 SEGMENT_HEADER: Final = struct.Struct("<8sII")  # magic, salt, crc32(magic + salt)
@@ -73,11 +74,11 @@ def header_salt(data: bytes) -> int | None:
 
 
 def _header_crc(salt: int) -> int:
-    return zlib.crc32(MAGIC + SALT.pack(salt))
+    return crc32(MAGIC + SALT.pack(salt))
 
 
 def ack_crc(seq: int, salt: int) -> int:
-    return zlib.crc32(SALT.pack(salt), zlib.crc32(seq.to_bytes(8, "little")))
+    return crc32(SALT.pack(salt), crc32(seq.to_bytes(8, "little")))
 
 
 def parse_records(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
@@ -91,7 +92,7 @@ def parse_records(data: bytes) -> tuple[list[tuple[int, bytes]], int]:
         if length > MAX_RECORD or start + length > len(data):
             break
         payload = view[start : start + length]
-        if zlib.crc32(payload, zlib.crc32(LEN_SEQ.pack(length, seq))) != crc:
+        if crc32(payload, crc32(LEN_SEQ.pack(length, seq))) != crc:
             break
         records.append((seq, bytes(payload)))
         offset = start + length

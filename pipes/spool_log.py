@@ -18,11 +18,11 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import zlib
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Final, final
 
+from truba.pipes.crc import crc32
 from truba.pipes.errors import SpoolError, SpoolFull, SpoolLocked
 from truba.pipes.spool_files import (
     close_fd,
@@ -120,9 +120,26 @@ class SpoolLog:
         """
         return read_records(self.directory, self._segments, self._firsts, seqs)
 
-    def append(self, data: bytes) -> int:
-        """Writes one record (one syscall, no fsync) and returns its seq."""
-        return self.append_many((data,))[0]
+    def append(self, head: bytes, data: bytes = b"") -> int:
+        """Writes one record, ``head`` followed by ``data`` (one ``writev``: a large ``data`` is
+        not copied to join them; no fsync), and returns its seq."""
+        if self.sync_error is not None:
+            raise self.sync_error
+        size = len(head) + len(data)
+        if size > MAX_RECORD:
+            raise SpoolError(f"spool {self.directory}: a {size}-byte message exceeds {MAX_RECORD}")
+        segment = self._active
+        need = RECORD_HEADER.size + size
+        if segment is None or (segment.size + need > self.segment_bytes and segment.records):
+            segment = self._rotate()
+        seq = self._next_seq
+        crc = crc32(head, crc32(LEN_SEQ.pack(size, seq)))
+        if data:
+            crc = crc32(data, crc)
+            self._write(segment, (RECORD_HEADER.pack(size, crc, seq), head, data), 1, size)
+        else:
+            self._write(segment, (RECORD_HEADER.pack(size, crc, seq), head), 1, size)
+        return seq
 
     def append_many(self, records: Sequence[bytes]) -> list[int]:
         """Writes records in order, with one syscall per run of them that fits in a segment
@@ -139,10 +156,12 @@ class SpoolLog:
         seqs: list[int] = []
         start = 0
         while start < len(records):
-            start = self._append_run(records, start, seqs)
+            first = self._next_seq
+            start = self._append_run(records, start)
+            seqs.extend(range(first, self._next_seq))
         return seqs
 
-    def _append_run(self, records: Sequence[bytes], start: int, seqs: list[int]) -> int:
+    def _append_run(self, records: Sequence[bytes], start: int) -> int:
         """Appends ``records[start:]`` while they fit in the active segment (rotating first if
         the first one does not), with one write; returns the index after the last one written."""
         need = RECORD_HEADER.size + len(records[start])
@@ -150,15 +169,21 @@ class SpoolLog:
         if segment is None or (segment.size + need > self.segment_bytes and segment.records):
             segment = self._rotate()
         parts: list[bytes] = []
-        size, seq, end = segment.size, self._next_seq, start
+        size, seq, end, payload = segment.size, self._next_seq, start, 0
         while end < len(records) and len(parts) < _MAX_PARTS:
             data = records[end]
             need = RECORD_HEADER.size + len(data)
             if end > start and size + need > self.segment_bytes:
                 break
-            crc = zlib.crc32(data, zlib.crc32(LEN_SEQ.pack(len(data), seq)))
+            crc = crc32(data, crc32(LEN_SEQ.pack(len(data), seq)))
             parts += (RECORD_HEADER.pack(len(data), crc, seq), data)
-            size, seq, end = size + need, seq + 1, end + 1
+            size, seq, end, payload = size + need, seq + 1, end + 1, payload + len(data)
+        self._write(segment, parts, end - start, payload)
+        return end
+
+    def _write(self, segment: Segment, parts: Sequence[bytes], records: int, payload: int) -> None:
+        """Appends ``records`` records (``parts``: their headers and payloads, ``payload``
+        bytes of payload) to ``segment`` with one write, and counts them in."""
         assert segment.fd is not None
         try:
             write_all(segment.fd, *parts)
@@ -170,14 +195,13 @@ class SpoolLog:
             except OSError:
                 pass
             self._seal(segment)
-            raise write_error(self.directory, "append", exc, sum(map(len, records[start:end]))) from exc
-        seqs.extend(range(self._next_seq, seq))
-        segment.records += seq - self._next_seq
-        segment.live += seq - self._next_seq
+            raise write_error(self.directory, "append", exc, payload) from exc
+        seq = self._next_seq + records
+        segment.records += records
+        segment.live += records
         self._next_seq = seq
-        segment.size = size
+        segment.size += payload + RECORD_HEADER.size * records
         segment.last = seq - 1
-        return end
 
     def sync(self) -> None:
         """fdatasyncs the active segment now (on the caller's thread)."""
