@@ -49,6 +49,11 @@ class Committer:
         self._log = log
         self._waiters: list[asyncio.Future[None]] = []
         self._task: asyncio.Task[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        """``interval``: the sync to come (a timer, not a task: a task per sync would be one
+        per task submitted one at a time, each a few turns of the event loop)."""
+        self._syncing: asyncio.Future[None] | None = None
+        """``interval``: the fsync under way in a worker thread."""
 
     async def commit(self) -> None:
         """Returns when the records appended so far are as durable as the policy says."""
@@ -60,9 +65,15 @@ class Committer:
             self._sync_soon()
 
     async def drain(self) -> None:
-        """Waits for the fsync under way, if any (before closing the log)."""
+        """Waits for the fsync under way, if any (before closing the log); a sync still to come
+        (``interval``) runs now."""
         if self._task is not None:
             await asyncio.shield(self._task)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._sync_now()
+        if self._syncing is not None:
+            await asyncio.wait((self._syncing,))  # its outcome is the callback's (_synced)
 
     async def _group_commit(self) -> None:
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -74,24 +85,27 @@ class Committer:
     def _sync_soon(self) -> None:
         if self._log.sync_error is not None:
             raise self._log.sync_error
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._commit_later())
+        if self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(SYNC_INTERVAL, self._sync_now)
 
-    async def _commit_later(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _sync_now(self) -> None:
+        """``interval``'s fsync, in a worker thread; writes from now on schedule the next one."""
+        self._timer = None
         try:
-            await asyncio.sleep(SYNC_INTERVAL)
-            self._task = None  # writes from now on schedule the next sync
             fd = self._log.sync_fd()
-            if fd is not None:
-                await loop.run_in_executor(None, fdatasync_and_close, fd)
         except SpoolError:
-            pass  # recorded in the log's sync_error: the next commit raises it
-        except OSError as exc:
-            self._log.sync_failed(exc)
-        finally:
-            if self._task is asyncio.current_task():
-                self._task = None
+            return  # recorded in the log's sync_error: the next commit raises it
+        if fd is None:
+            return
+        syncing = self._syncing = asyncio.get_running_loop().run_in_executor(None, fdatasync_and_close, fd)
+        syncing.add_done_callback(self._synced)
+
+    def _synced(self, syncing: asyncio.Future[None]) -> None:
+        if self._syncing is syncing:
+            self._syncing = None
+        error = None if syncing.cancelled() else syncing.exception()
+        if isinstance(error, OSError):
+            self._log.sync_failed(error)
 
     async def _commit_groups(self) -> None:
         """One fdatasync per group: whatever was appended while the previous fsync ran."""
