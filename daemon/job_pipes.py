@@ -1,11 +1,12 @@
 """A job's pipes on the daemon: what it runs (from the scheduler's assignment) and the stacks over
-the brokers that carry its tasks, results, requeues and dead letters (see truba.pipes.stacks)."""
+the brokers that carry its tasks, results, requeues, hand-back records and dead letters (see
+truba.pipes.stacks)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from truba.daemon.settings import JobSettings
@@ -18,9 +19,19 @@ from truba.pipes.prefetch import Window
 from truba.pipes.result_log import ResultLog
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
-from truba.wire import FORMAT, GaveUpCodec, GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import (
+    FORMAT,
+    GaveUpCodec,
+    GaveUpRecord,
+    HandedBack,
+    HandedBackCodec,
+    ResultCodec,
+    ResultMessage,
+    TaskCodec,
+    TaskMessage,
+)
 
-__all__ = ["JobPipes", "Wanted", "open_job_pipes", "task_key"]
+__all__ = ["JobPipes", "Wanted", "open_job_pipes", "task_key", "version_key"]
 
 
 @dataclass
@@ -35,12 +46,17 @@ class JobPipes:
     """The limits of the results' frames (None: results go one per message)."""
     task_frames: FrameListener | None = None
     """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
+    handed_back: Sender[HandedBack] | None = None
+    """Hand-back records into the job's result log, written once a put-back task's copy is
+    confirmed (None: the job has no result log)."""
 
     async def close(self) -> None:
-        """Closes all four (the senders wait, bounded, for outstanding confirms)."""
-        for pipe in (self.tasks, self.results, self.requeue, self.dead):
-            with contextlib.suppress(PipeError):
-                await pipe.close()
+        """Closes them all (the senders wait, bounded, for outstanding confirms)."""
+        pipes = (self.tasks, self.results, self.requeue, self.dead, self.handed_back)
+        for pipe in pipes:
+            if pipe is not None:
+                with contextlib.suppress(PipeError):
+                    await pipe.close()
 
 
 @dataclass(frozen=True)
@@ -62,13 +78,24 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
     """The job's pipes (see truba.pipes.stacks); they connect lazily.
 
     Results are copied to the job's result log, which a redelivered task (a frame a dead daemon
-    had half done, or a task whose result was confirmed but not acked) is looked up in.
+    had half done, or a task whose result was confirmed but not acked) is looked up in; a task
+    put back into its queue gets a hand-back record there once its copy is confirmed, so that a
+    redelivered frame does not run the version it replaced (see truba.pipes.result_log).
     """
     done = None
+    handed_back = None
     if job.result_log is not None:
         done = ResultLog(
-            brokers, job.result_log.name, result_key=_task_id_of_result, member_key=_task_id_of_task
+            brokers,
+            job.result_log.name,
+            result_key=_key_of_record,
+            member_key=_task_id_of_task,
+            version_key=version_key,
         )
+        # Framed under load: a preempted runner puts many tasks back at once.
+        handed_back = send_stack(
+            HandedBackCodec(), brokers, job.result_log, role="handed-back", frames=FrameLimits()
+        ).sender
     result_frames = FrameLimits() if job.settings.frames else None
     tasks = listen_stack(
         TaskCodec(),
@@ -94,6 +121,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,
         result_frames=result_frames,
         task_frames=tasks.frames,
+        handed_back=handed_back,
     )
 
 
@@ -108,12 +136,32 @@ def _requeue_stack(brokers: Sequence[Broker], job: Wanted, priority: int) -> Sen
     ).sender
 
 
-def _task_id_of_result(data: bytes) -> str | None:
-    """The task id of a recorded result (None: not a result message)."""
+def _key_of_record(data: bytes) -> Hashable | None:
+    """The key of a message of the result log: a result's task id, or the :func:`version_key`
+    a hand-back record names (None: neither)."""
     try:
         return ResultCodec().decode(data).task_id
     except CodecError:
+        pass
+    try:
+        record = HandedBackCodec().decode(data)
+    except CodecError:
         return None
+    return _version(record.task_id, record.requeues)
+
+
+def version_key(data: bytes) -> Hashable | None:
+    """The key of a hand-back record of this version of a task (its id and requeue count; None:
+    not a task message). Never equal to a task id: a result's key."""
+    try:
+        task = TaskCodec().decode(data)
+    except CodecError:
+        return None
+    return _version(task.task_id, task.requeues)
+
+
+def _version(task_id: str, requeues: int) -> Hashable:
+    return ("handed_back", task_id, requeues)
 
 
 def task_key(data: bytes) -> str | None:

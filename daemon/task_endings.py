@@ -4,7 +4,12 @@
 - **requeue**: the task goes back to its own queue, published again with an attempt count
   (the same one after a preemption, one more after a failed attempt), never by
   ``reject(requeue=True)``, which the next daemon would count as a death (see
-  :mod:`truba.daemon.attempts`);
+  :mod:`truba.daemon.attempts`). The copy is a new version of the task (``requeues`` one more
+  than the delivery's); once it is confirmed, a hand-back record of the delivery's version goes
+  to the job's result log (when it has one), and only once that is confirmed too (or given up
+  after :data:`RECORD_WITHIN` seconds) is the delivery acked: if it is a frame member and the
+  frame comes back redelivered, the record keeps that version from running a second time next
+  to its copy (:mod:`truba.pipes.result_log`);
 - **give up**: a record goes to the dead-letter queue and a give-up result to the client.
 
 The delivery is acked only once everything published for it is confirmed, so a daemon killed
@@ -25,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -36,9 +42,12 @@ from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage
 
 log = logging.getLogger(__name__)
+RECORD_WITHIN = 5.0
+"""Seconds a hand-back record may take to be sent and confirmed before the put-back task's
+delivery is acked without it (its frame, if redelivered, then runs it again: twice, not never)."""
 
 
 @dataclass
@@ -94,11 +103,37 @@ class TaskEndings:
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
-        """Publishes ``task`` (with its attempt count) to its queue; acks the original once confirmed."""
-        confirmation = await self.pipes.requeue.send(task)
+        """Publishes ``task`` (with its attempt count) to its queue as the next version of the
+        delivered one; acks the original once the copy is confirmed, and its hand-back recorded
+        (see the module docstring)."""
+        version = delivery.message.requeues
+        copy = dataclasses.replace(task, requeues=version + 1)
+        confirmation = await self.pipes.requeue.send(copy)
         self.stats.requeued += 1
-        log.debug("daemon.task.requeued", extra={"reason": reason, "attempts": task.attempts})
+        log.debug(
+            "daemon.task.requeued",
+            extra={"reason": reason, "attempts": task.attempts, "requeues": version + 1},
+        )
+        if self.pipes.handed_back is not None:
+            record = HandedBack(task.task_id, version)
+            confirmation = asyncio.ensure_future(self._record_after(confirmation, record))
         self._settle_later(delivery, [confirmation], f"requeue ({reason})", None, gave_up=False)
+
+    async def _record_after(self, copied: Confirmation, record: HandedBack) -> None:
+        """Waits for the copy's confirm (its failure is the put-back's), then records the
+        hand-back in the result log: never before, so a member is skipped only when its copy
+        is in the queue. A record that fails or takes too long is only logged: the delivery is
+        still acked (its copy is confirmed), at worst the version runs twice."""
+        await copied
+        sender = self.pipes.handed_back
+        assert sender is not None
+        try:
+            async with asyncio.timeout(RECORD_WITHIN):
+                await (await sender.send(record))
+        except (PipeError, TimeoutError) as exc:
+            log.warning(
+                "daemon.task.hand_back_unrecorded", extra={"requeues": record.requeues, "error": repr(exc)}
+            )
 
     async def give_up(
         self, delivery: Delivery[TaskMessage], task: TaskMessage, attempts: int, error: ErrorInfo

@@ -7,9 +7,10 @@ that were done do not run again. Without ``requeue`` (or for members rejected wi
 the whole frame is rejected that way once all members are settled: done members may then run
 again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
 :class:`~truba.pipes.result_log.ResultLog`), a frame that comes back redelivered is first looked up
-in it: members that already have a confirmed result are acked instead of handed out, so a frame
-a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
-as any redelivered AMQP message would.)
+in it: members that already have a confirmed result, or whose version a consumer handed back
+(published again as a message of its own, the copy confirmed), are acked instead of handed out,
+so a frame a dead consumer had half done runs only its other half. (A redelivered lone message
+runs again, as any redelivered AMQP message would.)
 
 A message that starts like a frame but is not one truba packs (see
 :func:`~truba.pipes.frame_format.members`: bytes after the members, no members, a frame inside,
@@ -102,8 +103,8 @@ class _Member:
 
 
 DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
-"""Given a redelivered delivery and its members, the indexes of those with a confirmed result
-(see :class:`~truba.pipes.result_log.ResultLog`)."""
+"""Given a redelivered delivery and its members, the indexes of those with a confirmed result or
+a confirmed hand-back (see :class:`~truba.pipes.result_log.ResultLog`)."""
 
 
 @final

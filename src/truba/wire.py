@@ -8,9 +8,14 @@ says so.
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
-    task:   [1, task_id, payload]         + [{"attempts": n, "priority": p, "not_before": t, "expires": t}]
+    task:   [1, task_id, payload]         + [{"attempts": n, "priority": p, "not_before": t, "expires": t,
+                                                  "requeues": r}]
     result: [1, task_id, ok, value | [type, message, tb], daemon, seconds]
                                                                    + [{"attempts": n, "gave_up": true}]
+
+The job's result log also holds *hand-back records* (:class:`HandedBack`), a map
+``{"kind": "handed_back", "task_id": ..., "requeues": r}``: not format 1, so a result reader
+refuses them as foreign.
 
 An extra is written only when it differs from its default, so a fresh task or a first-attempt
 result is byte-for-byte what readers without extras expect; readers ignore extras they do not
@@ -52,6 +57,10 @@ class TaskMessage:
     """A time (Unix; 0: never) after which the task is not run any more: a daemon that gets it
     later gives it up at once (``RunExpired``). A schedule's run carries one, so that runs sent
     while no daemon served the schedule do not all run when one comes back."""
+    requeues: int = 0
+    """Times daemons put this task back into its queue as a copy of its own (a hand-back, a
+    preemption, a retry, a recount): each copy carries one more than the delivery it replaces,
+    so a hand-back record (:class:`HandedBack`) names that delivery's version and never its copy."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +150,7 @@ def _time(extras: dict[object, object], key: str) -> float:
 
 class TaskCodec:
     """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p,
-    "not_before": t, "expires": t}``, each when not 0)."""
+    "not_before": t, "expires": t, "requeues": r}``, each when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
         fields: list[object] = [FORMAT, message.task_id, message.payload]
@@ -154,6 +163,8 @@ class TaskCodec:
             extras["not_before"] = message.not_before
         if message.expires:
             extras["expires"] = message.expires
+        if message.requeues:
+            extras["requeues"] = message.requeues
         if extras:
             fields.append(extras)
         return _pack(fields, f"task {message.task_id} payload")
@@ -168,7 +179,9 @@ class TaskCodec:
         attempts = _count(extras, "attempts", 0, "task")
         priority = _count(extras, "priority", 0, "task")
         not_before = _time(extras, "not_before")
-        return TaskMessage(obj[1], obj[2], attempts, priority, not_before, _time(extras, "expires"))
+        expires = _time(extras, "expires")
+        requeues = _count(extras, "requeues", 0, "task")
+        return TaskMessage(obj[1], obj[2], attempts, priority, not_before, expires, requeues)
 
 
 class ResultCodec:
@@ -264,3 +277,35 @@ class GaveUpCodec:
             raise CodecError("dead-letter record: task_id must be a str and body bytes")
         attempts = _count(obj, "attempts", 0, "dead-letter record")
         return GaveUpRecord(task_id, attempts, ErrorInfo(*error), str(obj.get("daemon_id", "")), body)
+
+
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """A daemon put the version ``requeues`` of task ``task_id`` back into its queue, and the
+    copy (version ``requeues + 1``) is confirmed: a redelivered frame holding that version need
+    not run it (see :mod:`truba.pipes.result_log`)."""
+
+    task_id: str
+    requeues: int
+
+
+class HandedBackCodec:
+    """``HandedBack`` <-> a msgpack map: kind "handed_back", task_id, requeues."""
+
+    def encode(self, record: HandedBack) -> bytes:
+        return _pack(
+            {"kind": "handed_back", "task_id": record.task_id, "requeues": record.requeues},
+            f"hand-back record of task {record.task_id}",
+        )
+
+    def decode(self, data: bytes) -> HandedBack:
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CodecError(f"hand-back record: not msgpack ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(obj, dict) or obj.get("kind") != "handed_back":
+            raise CodecError("hand-back record: not a handed_back record")
+        task_id = obj.get("task_id")
+        if not isinstance(task_id, str):
+            raise CodecError("hand-back record: task_id must be a str")
+        return HandedBack(task_id, _count(obj, "requeues", 0, "hand-back record"))

@@ -97,7 +97,7 @@ async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
     assert began - reassigned < 1.0, f"the new job's task started {began - reassigned:.2f} s after"
     # The interrupted task went back to its queue unspent, acked once that was confirmed.
     a = d.jobs["a"]
-    assert a.requeue.sent == [TaskMessage("long", 60)] and a.results.sent == []
+    assert a.requeue.sent == [TaskMessage("long", 60, requeues=1)] and a.results.sent == []
     await eventually(lambda: a.tasks.acked == [TaskMessage("long", 60)])
     await eventually(lambda: a.tasks.closed)  # its consumer is gone
 
@@ -129,7 +129,7 @@ async def test_a_graceful_jobs_grace_bounds_how_long_a_taken_slot_keeps_its_task
     assert 0.95 < began[1] - taken < 3.0, f"the second slot served b {began[1] - taken:.2f} s after"
     a = d.jobs["a"]
     assert [r.task_id for r in a.results.sent] == ["short"]
-    assert a.requeue.sent == [TaskMessage("long", 60)]
+    assert a.requeue.sent == [TaskMessage("long", 60, requeues=1)]
 
 
 async def test_heartbeats_carry_cumulative_stats_and_drain_finishes_running_tasks(
@@ -184,7 +184,7 @@ async def test_a_drain_with_nothing_running_is_immediate_and_a_second_stop_inter
     busy.stop_now()
     await eventually(lambda: busy._stop.is_set(), timeout=5)
     assert time.monotonic() - began < 1.5
-    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60)]
+    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60, requeues=1)]
     assert busy.jobs["k"].tasks.acked == [TaskMessage("long", 60)]
 
 
