@@ -9,6 +9,7 @@ import functools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from truba.daemon.hand_back_records import JobRecords, records_sender
 from truba.daemon.settings import JobSettings
 from truba.pipes.base import Listener, Sender
 from truba.pipes.broker import Broker, QueueSpec
@@ -23,7 +24,6 @@ from truba.wire import (
     FORMAT,
     GaveUpCodec,
     GaveUpRecord,
-    HandedBack,
     HandedBackCodec,
     ResultCodec,
     ResultMessage,
@@ -31,7 +31,7 @@ from truba.wire import (
     TaskMessage,
 )
 
-__all__ = ["JobPipes", "Wanted", "open_job_pipes", "task_key", "version_key"]
+__all__ = ["JobPipes", "Wanted", "open_job_pipes", "copy_key", "task_key"]
 
 
 @dataclass
@@ -46,17 +46,21 @@ class JobPipes:
     """The limits of the results' frames (None: results go one per message)."""
     task_frames: FrameListener | None = None
     """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
-    handed_back: Sender[HandedBack] | None = None
-    """Hand-back records into the job's result log, written once a put-back task's copy is
-    confirmed (None: the job has no result log)."""
+    handed_back: JobRecords | None = None
+    """Hand-back records into the job's result log, for frame members put back once their copy
+    is confirmed (None: the job has no result log). Shared by the job's runners on a daemon (see
+    truba.daemon.hand_back_records)."""
+    owns_records: bool = False
+    """True when ``handed_back`` is these pipes' own (closed with them), not the daemon's."""
 
     async def close(self) -> None:
-        """Closes them all (the senders wait, bounded, for outstanding confirms)."""
-        pipes = (self.tasks, self.results, self.requeue, self.dead, self.handed_back)
-        for pipe in pipes:
-            if pipe is not None:
-                with contextlib.suppress(PipeError):
-                    await pipe.close()
+        """Closes them all (the senders wait, bounded, for outstanding confirms); records the
+        daemon shares outlive them."""
+        for pipe in (self.tasks, self.results, self.requeue, self.dead):
+            with contextlib.suppress(PipeError):
+                await pipe.close()
+        if self.owns_records and self.handed_back is not None:
+            await self.handed_back.close()
 
 
 @dataclass(frozen=True)
@@ -74,28 +78,33 @@ class Wanted:
     """The stream results are copied to, read for redelivered tasks (see truba.pipes.result_log)."""
 
 
-def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> JobPipes:
+def open_job_pipes(
+    brokers: Sequence[Broker], job: Wanted, window: Window, records: JobRecords | None = None
+) -> JobPipes:
     """The job's pipes (see truba.pipes.stacks); they connect lazily.
 
     Results are copied to the job's result log, which a redelivered task (a frame a dead daemon
     had half done, or a task whose result was confirmed but not acked) is looked up in; a task
-    put back into its queue gets a hand-back record there once its copy is confirmed, so that a
-    redelivered frame does not run the version it replaced (see truba.pipes.result_log).
+    put back into its queue out of a frame gets a hand-back record there once its copy is
+    confirmed, so that a redelivered frame does not run the copy it replaced (see
+    truba.pipes.result_log). ``records``: the daemon's sender of the job's records, shared by its
+    runners (None: these pipes open their own, on their first record, and close it with them).
     """
     done = None
     handed_back = None
+    owns_records = False
     if job.result_log is not None:
         done = ResultLog(
             brokers,
             job.result_log.name,
             result_key=_key_of_record,
             member_key=_task_id_of_task,
-            version_key=version_key,
+            copy_key=copy_key,
         )
-        # Framed under load: a preempted runner puts many tasks back at once.
-        handed_back = send_stack(
-            HandedBackCodec(), brokers, job.result_log, role="handed-back", frames=FrameLimits()
-        ).sender
+        handed_back = records
+        if handed_back is None:
+            handed_back = JobRecords(job.result_log.name, records_sender(brokers, job.result_log))
+            owns_records = True
     result_frames = FrameLimits() if job.settings.frames else None
     tasks = listen_stack(
         TaskCodec(),
@@ -122,6 +131,7 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         result_frames=result_frames,
         task_frames=tasks.frames,
         handed_back=handed_back,
+        owns_records=owns_records,
     )
 
 
@@ -137,8 +147,8 @@ def _requeue_stack(brokers: Sequence[Broker], job: Wanted, priority: int) -> Sen
 
 
 def _key_of_record(data: bytes) -> Hashable | None:
-    """The key of a message of the result log: a result's task id, or the :func:`version_key`
-    a hand-back record names (None: neither)."""
+    """The key of a message of the result log: a result's task id, or the :func:`copy_key` of
+    the copy a hand-back record says was replaced (None: neither)."""
     try:
         return ResultCodec().decode(data).task_id
     except CodecError:
@@ -147,21 +157,21 @@ def _key_of_record(data: bytes) -> Hashable | None:
         record = HandedBackCodec().decode(data)
     except CodecError:
         return None
-    return _version(record.task_id, record.requeues)
+    return _copy(record.task_id, record.original)
 
 
-def version_key(data: bytes) -> Hashable | None:
-    """The key of a hand-back record of this version of a task (its id and requeue count; None:
-    not a task message). Never equal to a task id: a result's key."""
+def copy_key(data: bytes) -> Hashable | None:
+    """The key a hand-back record of this copy of a task is found under (its id and copy id;
+    None: not a task message). Never equal to a task id: a result's key."""
     try:
         task = TaskCodec().decode(data)
     except CodecError:
         return None
-    return _version(task.task_id, task.requeues)
+    return _copy(task.task_id, task.copy_id)
 
 
-def _version(task_id: str, requeues: int) -> Hashable:
-    return ("handed_back", task_id, requeues)
+def _copy(task_id: str, copy_id: int) -> Hashable:
+    return ("handed_back", task_id, copy_id)
 
 
 def task_key(data: bytes) -> str | None:

@@ -4,12 +4,13 @@
 - **requeue**: the task goes back to its own queue, published again with an attempt count
   (the same one after a preemption, one more after a failed attempt), never by
   ``reject(requeue=True)``, which the next daemon would count as a death (see
-  :mod:`truba.daemon.attempts`). The copy is a new version of the task (``requeues`` one more
-  than the delivery's); once it is confirmed, a hand-back record of the delivery's version goes
-  to the job's result log (when it has one), and only once that is confirmed too (or given up
-  after :data:`RECORD_WITHIN` seconds) is the delivery acked: if it is a frame member and the
-  frame comes back redelivered, the record keeps that version from running a second time next
-  to its copy (:mod:`truba.pipes.result_log`);
+  :mod:`truba.daemon.attempts`). The copy carries a new random ``copy_id``. If the delivery is a
+  frame member (and the job has a result log), a hand-back record naming the delivery's copy goes
+  to the log once the new copy is confirmed, sent in the background by the job's records
+  (:mod:`truba.daemon.hand_back_records`): the ack waits for the copy's confirm only, never for
+  the record. Should the frame come back redelivered, the record keeps the member from running
+  a second time next to its copy (:mod:`truba.pipes.result_log`). A lone message needs no
+  record: its redelivery is the message itself, never next to a copy of it;
 - **give up**: a record goes to the dead-letter queue and a give-up result to the client.
 
 The delivery is acked only once everything published for it is confirmed, so a daemon killed
@@ -31,23 +32,22 @@ import asyncio
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from truba.daemon.hand_back_records import JobRecords
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage, new_copy_id
 
 log = logging.getLogger(__name__)
-RECORD_WITHIN = 5.0
-"""Seconds a hand-back record may take to be sent and confirmed before the put-back task's
-delivery is acked without it (its frame, if redelivered, then runs it again: twice, not never)."""
 
 
 @dataclass
@@ -103,37 +103,18 @@ class TaskEndings:
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
-        """Publishes ``task`` (with its attempt count) to its queue as the next version of the
-        delivered one; acks the original once the copy is confirmed, and its hand-back recorded
-        (see the module docstring)."""
-        version = delivery.message.requeues
-        copy = dataclasses.replace(task, requeues=version + 1)
+        """Publishes ``task`` (with its attempt count) to its queue as a new copy; acks the
+        original once the copy is confirmed, and for a frame member records the hand-back after
+        that, without waiting for it (see the module docstring)."""
+        copy = dataclasses.replace(task, copy_id=new_copy_id())
         confirmation = await self.pipes.requeue.send(copy)
         self.stats.requeued += 1
-        log.debug(
-            "daemon.task.requeued",
-            extra={"reason": reason, "attempts": task.attempts, "requeues": version + 1},
-        )
-        if self.pipes.handed_back is not None:
-            record = HandedBack(task.task_id, version)
-            confirmation = asyncio.ensure_future(self._record_after(confirmation, record))
+        log.debug("daemon.task.requeued", extra={"reason": reason, "attempts": task.attempts})
+        records = self.pipes.handed_back
+        if records is not None and delivery.framed:
+            record = HandedBack(task.task_id, delivery.message.copy_id, copy.copy_id)
+            confirmation.add_done_callback(functools.partial(_record_once_copied, records, record))
         self._settle_later(delivery, [confirmation], f"requeue ({reason})", None, gave_up=False)
-
-    async def _record_after(self, copied: Confirmation, record: HandedBack) -> None:
-        """Waits for the copy's confirm (its failure is the put-back's), then records the
-        hand-back in the result log: never before, so a member is skipped only when its copy
-        is in the queue. A record that fails or takes too long is only logged: the delivery is
-        still acked (its copy is confirmed), at worst the version runs twice."""
-        await copied
-        sender = self.pipes.handed_back
-        assert sender is not None
-        try:
-            async with asyncio.timeout(RECORD_WITHIN):
-                await (await sender.send(record))
-        except (PipeError, TimeoutError) as exc:
-            log.warning(
-                "daemon.task.hand_back_unrecorded", extra={"requeues": record.requeues, "error": repr(exc)}
-            )
 
     async def give_up(
         self, delivery: Delivery[TaskMessage], task: TaskMessage, attempts: int, error: ErrorInfo
@@ -222,6 +203,14 @@ class _End:
     gave_up: bool
     context: contextvars.Context
     """The log context it was published in (its task's ids)."""
+
+
+def _record_once_copied(records: JobRecords, record: HandedBack, copied: Confirmation) -> None:
+    """Queues the hand-back record once the copy is confirmed: never before (a member is skipped
+    only when its copy is in the queue), never if it failed (the put-back's failure, handled by
+    the acker)."""
+    if not copied.cancelled() and copied.exception() is None:
+        records.record(record)
 
 
 async def settle(action: Awaitable[None]) -> None:

@@ -78,6 +78,12 @@ class Delivery(Protocol[T_co]):
         ...
 
     @property
+    def framed(self) -> bool:
+        """True for a member of a frame (one broker message of several): settling it does not
+        settle its message alone, which the broker redelivers whole (see :mod:`truba.pipes.frame`)."""
+        ...
+
+    @property
     def headers(self) -> Mapping[str, object]: ...
 
     async def ack(self) -> None:

@@ -7,7 +7,7 @@ that were done do not run again. Without ``requeue`` (or for members rejected wi
 the whole frame is rejected that way once all members are settled: done members may then run
 again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
 :class:`~truba.pipes.result_log.ResultLog`), a frame that comes back redelivered is first looked up
-in it: members that already have a confirmed result, or whose version a consumer handed back
+in it: members that already have a confirmed result, or whose copy a consumer handed back
 (published again as a message of its own, the copy confirmed), are acked instead of handed out,
 so a frame a dead consumer had half done runs only its other half. (A redelivered lone message
 runs again, as any redelivered AMQP message would.)
@@ -84,6 +84,10 @@ class _Member:
     @property
     def redelivered(self) -> bool:
         return self._frame.delivery.redelivered
+
+    @property
+    def framed(self) -> bool:
+        return True
 
     @property
     def headers(self) -> Mapping[str, object]:

@@ -9,14 +9,14 @@ log holds it. A consumer that gets a delivery back redelivered reads the result 
 about when the delivery was first sent, and settles the members that already have a result
 instead of handing them out to run again (see :class:`~truba.pipes.frame.FrameListener`).
 
-A member can also be done here without a result: a consumer that *handed it back* (published it
-again as a message of its own, then settled it in its frame) records that in the log once the
-copy is confirmed. Such a record names the member's *version* (``version_key``), never the task
-alone: the copy is a later version, so a redelivery of the copy itself is not skipped by the
-record of its own making. A member is skipped only when the log holds its result or a record of
-its version, and a record is written only after its copy was confirmed: a member never goes
-unrun (a consumer that dies between the confirm and the record leaves the member to run twice,
-the at-least-once case).
+A member can also be done here without a result: a consumer that *handed it back* out of a frame
+(published it again as a message of its own, a new copy with a copy id of its own, then settled
+it in its frame) records that in the log once the copy is confirmed. Such a record names the
+*copy* that was replaced (``copy_key``: the task id and the replaced member's copy id), never the
+task alone: the new copy has another id, so it is never skipped by the record of its own making.
+A member is skipped only when the log holds its result or a record of its copy, and a record is
+written only after the new copy was confirmed: a member never goes unrun (a consumer that dies
+between the confirm and the record leaves the member to run twice, the at-least-once case).
 
 Reading costs a scan of the results recorded since then, so it is done for redelivered frames
 only (a lone message runs again, as any redelivered AMQP message would), each broker's read
@@ -49,8 +49,8 @@ class ResultLog:
     in the job's result log.
 
     ``result_key`` gives the key of one recorded message: a result's (a task id), or a hand-back
-    record's (a version of a task). ``member_key`` gives the key a member's result is recorded
-    under, ``version_key`` (optional) the key a hand-back of the member's version is recorded
+    record's (a copy of a task). ``member_key`` gives the key a member's result is recorded
+    under, ``copy_key`` (optional) the key a hand-back of the member's copy is recorded
     under; the two kinds of keys must never be equal. Each returns None for a message it cannot
     read (a member that cannot be read is handed out, to be dead-lettered by the layer that
     decodes it).
@@ -63,19 +63,19 @@ class ResultLog:
         *,
         result_key: Callable[[bytes], Hashable | None],
         member_key: Callable[[bytes], Hashable | None],
-        version_key: Callable[[bytes], Hashable | None] | None = None,
+        copy_key: Callable[[bytes], Hashable | None] | None = None,
         timeout: float = 3.0,
     ) -> None:
         self._brokers = list(brokers)
         self._stream = stream
         self._result_key = result_key
         self._member_key = member_key
-        self._version_key = version_key
+        self._copy_key = copy_key
         self._timeout = timeout
 
     async def __call__(self, delivery: Delivery[bytes], members: Sequence[bytes]) -> Collection[int]:
         """Indexes of ``members`` (the messages of ``delivery``) that have a confirmed result or
-        whose version was handed back (its copy confirmed)."""
+        whose copy was handed back (its copy confirmed)."""
         keys: dict[Hashable, int] = {}
         for i, member in enumerate(members):
             for key in self._keys(member):
@@ -87,10 +87,10 @@ class ResultLog:
         return sorted({keys[key] for key in done})
 
     def _keys(self, member: bytes) -> list[Hashable]:
-        """The keys the log may hold ``member`` under: its result's, its version's hand-back's."""
+        """The keys the log may hold ``member`` under: its result's, its copy's hand-back's."""
         keys = [self._member_key(member)]
-        if self._version_key is not None:
-            keys.append(self._version_key(member))
+        if self._copy_key is not None:
+            keys.append(self._copy_key(member))
         return [key for key in keys if key is not None]
 
     async def done(self, keys: Collection[Hashable], since: float | None) -> set[Hashable]:

@@ -6,7 +6,8 @@ daemon takes a frame of three, keeps running the first and hands the other two b
 published again as a message of its own, then settled in the frame). The proxy then cuts its
 connection before the frame's ack, so the broker redelivers the whole frame. A second daemon
 takes everything there is: each task must come to it once, the two handed back only as their
-copies (their versions in the redelivered frame have a hand-back record in the result log).
+copies (the members they replaced in the redelivered frame have a hand-back record in the result
+log).
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ async def test_a_member_handed_back_before_its_frame_is_redelivered_runs_only_as
         for task_id in ("back-1", "back-2"):
             await ends.requeue(by_id[task_id], by_id[task_id].message, "held")
         assert await ends.wait(0, timeout=10)  # copies confirmed, members settled in their frame
+        assert doomed.handed_back is not None
+        assert await doomed.handed_back.flush(10)  # their records confirmed (the acks did not wait)
         proxy.refuse()  # the cut daemon stays away: it would take the frame back itself
         proxy.cut()  # the frame ("running" unsettled) goes back to the queue, redelivered
 
