@@ -11,7 +11,11 @@ those records go out after it closed). A job that comes back within that keeps i
 
 Records are sent in the background, in order, and never awaited by an ack: a record that fails
 (or a daemon that dies before it is confirmed) is only logged, and leaves its member to run twice
-if its frame comes back redelivered (the at-least-once case, as before records existed).
+if its frame comes back redelivered (the at-least-once case, as before records existed). The pump
+waits :data:`SETTLE_WAIT` before sending, and drops a record whose frame was settled meanwhile (a
+frame acked is never redelivered; its members are done): a runner that closes hands back every
+member it holds, whole frames, and those need no record. A frame acked whose ack is lost with
+its channel runs such a member twice, never zero times.
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ log = logging.getLogger(__name__)
 
 LINGER: Final = 60.0
 """Seconds a job's record sender stays open after the job left the daemon."""
+SETTLE_WAIT: Final = 0.05
+"""Seconds the pump lets the acks of members just put back go out before it sends their records."""
 CLOSE_WITHIN: Final = 5.0
 """Seconds closing a job's records waits for those still queued or unconfirmed."""
 
@@ -46,11 +52,14 @@ class JobRecords:
     """A job's hand-back records on this daemon: :meth:`record` queues one (it never waits); a
     background pump sends them in order through a sender opened on the first record."""
 
-    def __init__(self, job_id: str, open_sender: Callable[[], Sender[HandedBack]]) -> None:
+    def __init__(
+        self, job_id: str, open_sender: Callable[[], Sender[HandedBack]], settle_wait: float = SETTLE_WAIT
+    ) -> None:
         self.job_id = job_id
         self._open_sender = open_sender
+        self._settle_wait = settle_wait
         self._sender: Sender[HandedBack] | None = None
-        self._queue: deque[HandedBack] = deque()
+        self._queue: deque[tuple[HandedBack, Callable[[], bool]]] = deque()
         self._unconfirmed: set[Confirmation] = set()
         self._pump: asyncio.Task[None] | None = None
         self._pumping = False
@@ -59,18 +68,21 @@ class JobRecords:
         self._closed = False
         self.sent = 0
         """Records confirmed so far."""
+        self.unneeded = 0
+        """Records dropped because their frame was settled before their turn."""
 
     @property
     def opened(self) -> bool:
         """True once a record made it open its sender."""
         return self._sender is not None
 
-    def record(self, record: HandedBack) -> None:
-        """Queues ``record`` to be sent (dropped, and logged, once closed)."""
+    def record(self, record: HandedBack, needed: Callable[[], bool] = lambda: True) -> None:
+        """Queues ``record`` to be sent unless ``needed()`` is False by its turn (its frame was
+        settled); dropped, and logged, once closed."""
         if self._closed:
             self._unrecorded(record, "closed")
             return
-        self._queue.append(record)
+        self._queue.append((record, needed))
         self._idle.clear()
         if not self._pumping:
             self._pumping = True
@@ -81,8 +93,13 @@ class JobRecords:
             if self._sender is None:
                 self._sender = self._open_sender()
                 log.info("daemon.hand_back.records_opened", extra={"job_id": self.job_id})
+            if self._settle_wait > 0:
+                await asyncio.sleep(self._settle_wait)
             while self._queue:
-                record = self._queue.popleft()
+                record, needed = self._queue.popleft()
+                if not needed():
+                    self.unneeded += 1
+                    continue
                 try:
                     confirmation = await self._sender.send(record)
                 except PipeError as exc:
@@ -139,7 +156,7 @@ class JobRecords:
             self._pump.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
-        for record in self._queue:
+        for record, _ in self._queue:
             self._unrecorded(record, "closed")
         self._queue.clear()
         if self._sender is not None:

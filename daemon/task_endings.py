@@ -113,7 +113,7 @@ class TaskEndings:
         records = self.pipes.handed_back
         if records is not None and delivery.framed:
             record = HandedBack(task.task_id, delivery.message.copy_id, copy.copy_id)
-            confirmation.add_done_callback(functools.partial(_record_once_copied, records, record))
+            confirmation.add_done_callback(functools.partial(_record_once_copied, records, record, delivery))
         self._settle_later(delivery, [confirmation], f"requeue ({reason})", None, gave_up=False)
 
     async def give_up(
@@ -205,12 +205,15 @@ class _End:
     """The log context it was published in (its task's ids)."""
 
 
-def _record_once_copied(records: JobRecords, record: HandedBack, copied: Confirmation) -> None:
+def _record_once_copied(
+    records: JobRecords, record: HandedBack, delivery: Delivery[TaskMessage], copied: Confirmation
+) -> None:
     """Queues the hand-back record once the copy is confirmed: never before (a member is skipped
     only when its copy is in the queue), never if it failed (the put-back's failure, handled by
-    the acker)."""
+    the acker); not sent if the member's frame is settled by its turn (see
+    :mod:`truba.daemon.hand_back_records`)."""
     if not copied.cancelled() and copied.exception() is None:
-        records.record(record)
+        records.record(record, lambda: delivery.framed)
 
 
 async def settle(action: Awaitable[None]) -> None:

@@ -48,6 +48,7 @@ class _Frame:
         self.requeue = requeue
         self.again = False  # a member asked to run again, and could not be sent alone
         self.dead = False  # a member was rejected without requeue
+        self.settled = False  # every member is: the frame was (or is being) acked or rejected
 
     async def settle(self, message: bytes, how: str) -> None:
         if how == "requeue":
@@ -60,6 +61,7 @@ class _Frame:
             self.dead = True
         self.left -= 1
         if self.left == 0:
+            self.settled = True
             if self.again:
                 await self.delivery.reject(requeue=True)
             elif self.dead:
@@ -87,7 +89,7 @@ class _Member:
 
     @property
     def framed(self) -> bool:
-        return True
+        return not self._frame.settled
 
     @property
     def headers(self) -> Mapping[str, object]:

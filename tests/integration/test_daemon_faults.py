@@ -164,12 +164,24 @@ async def test_a_frame_a_killed_daemon_had_half_done_runs_only_its_other_half(
 
 
 async def test_members_a_killed_daemon_had_handed_back_run_only_as_their_copies(
-    urls: list[str], make_job: Callable[..., object], tmp_path: Path
+    urls: list[str], request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     # Issue 18: a member handed back (held behind a long task) and then redelivered with its
     # frame (the daemon killed before the frame's ack, and before the copy ran) ran twice: from
     # the frame and as its copy.
-    job: JobQueues = await make_job()  # type: ignore[misc]
+    # One broker: with two, a copy went to the broker whose prefetch the frame did not hold and
+    # came back to the doomed daemon, held and handed back every 0.15 s; a kill between such a
+    # lone copy's next copy and its ack ran it twice (the put-back's at-least-once window, not
+    # the frame's case this test is about).
+    job = JobQueues(f"{request.node.name[:36]}-{secrets.token_hex(3)}", urls[:1])
+    await job.declare()
+    try:
+        await _handed_back_then_killed(job, urls[:1], tmp_path)
+    finally:
+        await job.delete()
+
+
+async def _handed_back_then_killed(job: JobQueues, urls: list[str], tmp_path: Path) -> None:
     handler = "tests.handlers.faults:count_runs"
     async with scripted(urls, tmp_path) as (scheduler, start_daemon):
         doomed = start_daemon("d-doomed", 1)
@@ -186,7 +198,7 @@ async def test_members_a_killed_daemon_had_handed_back_run_only_as_their_copies(
         scheduler.assign("d-doomed", job_slots(job, handler, 1))
         await eventually(lambda: (tmp_path / "running.runs").exists(), what="running")
         await eventually(lambda: job.counts()[job.tasks] == 2, what="both copies in the queue")
-        await asyncio.sleep(0.5)  # their hand-back records are confirmed, the members settled
+        await asyncio.sleep(0.5)  # their hand-back records are sent and confirmed
         doomed.kill()  # the frame ("running" unsettled) is redelivered
         start_daemon("d-heir", 3)
         await eventually(lambda: scheduler.connected("d-heir"), what="heir connected")

@@ -220,6 +220,23 @@ async def test_a_lone_message_put_back_gets_no_record(broker: FakeBroker) -> Non
         await pipes.close()
 
 
+async def test_a_frame_handed_back_whole_is_acked_and_needs_no_record(broker: FakeBroker) -> None:
+    # A closing runner hands back every member it holds: the frame is acked before their records'
+    # turn, is never redelivered, so the records are dropped (no traffic for them).
+    await _publish(broker, TaskMessage("back-1", None), TaskMessage("back-2", None))
+    pipes = open_job_pipes([broker], _wanted(), Window(1))
+    try:
+        taken = await _take(pipes, 2)
+        await _hand_back(pipes, *taken)
+        assert not any(d.framed for d in taken)  # their frame is settled
+        assert _records(broker) == []
+        assert pipes.handed_back is not None and pipes.handed_back.unneeded == 2
+        copies = sorted(TaskCodec().decode(body).task_id for body in broker.messages(TASKS))
+        assert copies == ["back-1", "back-2"]  # only the copies are left in the queue
+    finally:
+        await pipes.close()
+
+
 def test_a_copys_key_is_never_a_results_key() -> None:
     task = TaskMessage("t1", None, copy_id=2)
     key = copy_key(TaskCodec().encode(task))
