@@ -10,7 +10,8 @@
   (:mod:`truba.daemon.hand_back_records`): the ack waits for the copy's confirm only, never for
   the record. Should the frame come back redelivered, the record keeps the member from running
   a second time next to its copy (:mod:`truba.pipes.result_log`). A lone message needs no
-  record: its redelivery is the message itself, never next to a copy of it;
+  record: it is acked as soon as its copy is confirmed (a member only with its whole frame), so
+  only a daemon dying in that instant runs it twice;
 - **give up**: a record goes to the dead-letter queue and a give-up result to the client.
 
 The delivery is acked only once everything published for it is confirmed, so a daemon killed

@@ -205,7 +205,7 @@ async def test_a_job_without_a_result_log_puts_tasks_back_without_a_record(broke
 
 
 async def test_a_lone_message_put_back_gets_no_record(broker: FakeBroker) -> None:
-    # Its redelivery is the message itself, never next to a copy of it: nothing to skip.
+    # It is acked as soon as its copy is confirmed, not held by other members of a frame.
     await _publish(broker, TaskMessage("alone", None))
     pipes = open_job_pipes([broker], _wanted(), Window(1))
     try:
