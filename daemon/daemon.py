@@ -27,6 +27,7 @@ from truba.daemon.allow import is_allowed
 from truba.daemon.broker_meter import metered
 from truba.daemon.control import SchedulerLink
 from truba.daemon.forkserver import ForkServer
+from truba.daemon.hand_back_records import HandBackRecords
 from truba.daemon.job_pipes import JobPipes, Wanted, open_job_pipes
 from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.metrics import DaemonMetrics
@@ -106,6 +107,7 @@ class Daemon:
         self._stats: dict[str, JobStats] = {}
         self._stats_seen: dict[str, float] = {}
         self._spans = SpanLog()
+        self._records = HandBackRecords()
         self._retry_at: dict[str, float] = {}
         self._changed = asyncio.Event()
         self._stop = asyncio.Event()
@@ -268,7 +270,9 @@ class Daemon:
             self._close_later(runner)
         self._runners.clear()
         await asyncio.gather(*self._closing.values(), return_exceptions=True)
-        # Every end is settled now: the steps below lose nothing if one hangs (see shutdown).
+        # Every end is settled now: the steps below lose nothing if one hangs (see shutdown; a
+        # hand-back record not sent only leaves its member to run twice if its frame comes back).
+        await bounded("hand_back_records", self._records.close())
         await bounded("slots", asyncio.gather(*(slot.stop() for slot in self._slots), return_exceptions=True))
         await bounded("launcher", self._launcher.close())
         await bounded("brokers", asyncio.gather(*(b.close() for b in self._links), return_exceptions=True))
@@ -311,6 +315,7 @@ class Daemon:
             self._closing.pop(runner, None)
             if runner.job_id not in self._jobs_here():  # it left this daemon: its series go
                 self.metrics.forget(runner.job_id)
+                self._records.left(runner.job_id)
             self._changed.set()
 
         task.add_done_callback(closed)
@@ -341,7 +346,7 @@ class Daemon:
             job_id,
             job.handler,
             self.config.daemon_id,
-            self._open_pipes(job, window),
+            self._open_pipes(job_id, job, window),
             self._release,
             target=job.slots,
             settings=job.settings,
@@ -364,6 +369,8 @@ class Daemon:
             },
         )
 
-    def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
-        """The job's pipes over the brokers the scheduler listed (they connect lazily)."""
-        return open_job_pipes(self._links, job, window)
+    def _open_pipes(self, job_id: str, job: Wanted, window: Window) -> JobPipes:
+        """The job's pipes over the brokers the scheduler listed (they connect lazily), with the
+        job's hand-back records, shared by its runners on this daemon."""
+        records = self._records.for_job(job_id, self._links, job.result_log)
+        return open_job_pipes(self._links, job, window, records)

@@ -1,13 +1,15 @@
 """A job's pipes on the daemon: what it runs (from the scheduler's assignment) and the stacks over
-the brokers that carry its tasks, results, requeues and dead letters (see truba.pipes.stacks)."""
+the brokers that carry its tasks, results, requeues, hand-back records and dead letters (see
+truba.pipes.stacks)."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from truba.daemon.hand_back_records import JobRecords, records_sender
 from truba.daemon.settings import JobSettings
 from truba.pipes.base import Listener, Sender
 from truba.pipes.broker import Broker, QueueSpec
@@ -18,9 +20,18 @@ from truba.pipes.prefetch import Window
 from truba.pipes.result_log import ResultLog
 from truba.pipes.route import RouteSender
 from truba.pipes.stacks import SendOptions, listen_stack, send_stack
-from truba.wire import FORMAT, GaveUpCodec, GaveUpRecord, ResultCodec, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import (
+    FORMAT,
+    GaveUpCodec,
+    GaveUpRecord,
+    HandedBackCodec,
+    ResultCodec,
+    ResultMessage,
+    TaskCodec,
+    TaskMessage,
+)
 
-__all__ = ["JobPipes", "Wanted", "open_job_pipes", "task_key"]
+__all__ = ["JobPipes", "Wanted", "open_job_pipes", "copy_key", "task_key"]
 
 
 @dataclass
@@ -35,12 +46,21 @@ class JobPipes:
     """The limits of the results' frames (None: results go one per message)."""
     task_frames: FrameListener | None = None
     """The task listener's unframe layer: members of frames at hand (None: not a framing stack)."""
+    handed_back: JobRecords | None = None
+    """Hand-back records into the job's result log, for frame members put back once their copy
+    is confirmed (None: the job has no result log). Shared by the job's runners on a daemon (see
+    truba.daemon.hand_back_records)."""
+    owns_records: bool = False
+    """True when ``handed_back`` is these pipes' own (closed with them), not the daemon's."""
 
     async def close(self) -> None:
-        """Closes all four (the senders wait, bounded, for outstanding confirms)."""
+        """Closes them all (the senders wait, bounded, for outstanding confirms); records the
+        daemon shares outlive them."""
         for pipe in (self.tasks, self.results, self.requeue, self.dead):
             with contextlib.suppress(PipeError):
                 await pipe.close()
+        if self.owns_records and self.handed_back is not None:
+            await self.handed_back.close()
 
 
 @dataclass(frozen=True)
@@ -58,17 +78,33 @@ class Wanted:
     """The stream results are copied to, read for redelivered tasks (see truba.pipes.result_log)."""
 
 
-def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> JobPipes:
+def open_job_pipes(
+    brokers: Sequence[Broker], job: Wanted, window: Window, records: JobRecords | None = None
+) -> JobPipes:
     """The job's pipes (see truba.pipes.stacks); they connect lazily.
 
     Results are copied to the job's result log, which a redelivered task (a frame a dead daemon
-    had half done, or a task whose result was confirmed but not acked) is looked up in.
+    had half done, or a task whose result was confirmed but not acked) is looked up in; a task
+    put back into its queue out of a frame gets a hand-back record there once its copy is
+    confirmed, so that a redelivered frame does not run the copy it replaced (see
+    truba.pipes.result_log). ``records``: the daemon's sender of the job's records, shared by its
+    runners (None: these pipes open their own, on their first record, and close it with them).
     """
     done = None
+    handed_back = None
+    owns_records = False
     if job.result_log is not None:
         done = ResultLog(
-            brokers, job.result_log.name, result_key=_task_id_of_result, member_key=_task_id_of_task
+            brokers,
+            job.result_log.name,
+            result_key=_key_of_record,
+            member_key=_task_id_of_task,
+            copy_key=copy_key,
         )
+        handed_back = records
+        if handed_back is None:
+            handed_back = JobRecords(job.result_log.name, records_sender(brokers, job.result_log))
+            owns_records = True
     result_frames = FrameLimits() if job.settings.frames else None
     tasks = listen_stack(
         TaskCodec(),
@@ -94,6 +130,8 @@ def open_job_pipes(brokers: Sequence[Broker], job: Wanted, window: Window) -> Jo
         dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,
         result_frames=result_frames,
         task_frames=tasks.frames,
+        handed_back=handed_back,
+        owns_records=owns_records,
     )
 
 
@@ -108,12 +146,32 @@ def _requeue_stack(brokers: Sequence[Broker], job: Wanted, priority: int) -> Sen
     ).sender
 
 
-def _task_id_of_result(data: bytes) -> str | None:
-    """The task id of a recorded result (None: not a result message)."""
+def _key_of_record(data: bytes) -> Hashable | None:
+    """The key of a message of the result log: a result's task id, or the :func:`copy_key` of
+    the copy a hand-back record says was replaced (None: neither)."""
     try:
         return ResultCodec().decode(data).task_id
     except CodecError:
+        pass
+    try:
+        record = HandedBackCodec().decode(data)
+    except CodecError:
         return None
+    return _copy(record.task_id, record.original)
+
+
+def copy_key(data: bytes) -> Hashable | None:
+    """The key a hand-back record of this copy of a task is found under (its id and copy id;
+    None: not a task message). Never equal to a task id: a result's key."""
+    try:
+        task = TaskCodec().decode(data)
+    except CodecError:
+        return None
+    return _copy(task.task_id, task.copy_id)
+
+
+def _copy(task_id: str, copy_id: int) -> Hashable:
+    return ("handed_back", task_id, copy_id)
 
 
 def task_key(data: bytes) -> str | None:

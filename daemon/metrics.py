@@ -270,8 +270,8 @@ def _families(metrics: DaemonMetrics, state: DaemonState) -> Iterator[Metric]:
     )
     confirms = CounterMetricFamily(
         "truba_daemon_broker_confirms",
-        "Publisher confirms of messages this daemon sent (results, requeues, dead letters; a frame"
-        " counts once), by result: ok, or failed (refused, timed out, connection lost).",
+        "Publisher confirms of messages this daemon sent (results, requeues, hand-back records, dead"
+        " letters; a frame counts once), by result: ok, or failed (refused, timed out, connection lost).",
         labels=["broker", "result"],
     )
     for url, tally in metrics.brokers.items():

@@ -4,7 +4,14 @@
 - **requeue**: the task goes back to its own queue, published again with an attempt count
   (the same one after a preemption, one more after a failed attempt), never by
   ``reject(requeue=True)``, which the next daemon would count as a death (see
-  :mod:`truba.daemon.attempts`);
+  :mod:`truba.daemon.attempts`). The copy carries a new random ``copy_id``. If the delivery is a
+  frame member (and the job has a result log), a hand-back record naming the delivery's copy goes
+  to the log once the new copy is confirmed, sent in the background by the job's records
+  (:mod:`truba.daemon.hand_back_records`): the ack waits for the copy's confirm only, never for
+  the record. Should the frame come back redelivered, the record keeps the member from running
+  a second time next to its copy (:mod:`truba.pipes.result_log`). A lone message needs no
+  record: it is acked as soon as its copy is confirmed (a member only with its whole frame), so
+  only a daemon dying in that instant runs it twice;
 - **give up**: a record goes to the dead-letter queue and a give-up result to the client.
 
 The delivery is acked only once everything published for it is confirmed, so a daemon killed
@@ -25,18 +32,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import dataclasses
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
+from truba.daemon.hand_back_records import JobRecords
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
-from truba.wire import ErrorInfo, GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
+from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage, new_copy_id
 
 log = logging.getLogger(__name__)
 
@@ -94,10 +104,17 @@ class TaskEndings:
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
-        """Publishes ``task`` (with its attempt count) to its queue; acks the original once confirmed."""
-        confirmation = await self.pipes.requeue.send(task)
+        """Publishes ``task`` (with its attempt count) to its queue as a new copy; acks the
+        original once the copy is confirmed, and for a frame member records the hand-back after
+        that, without waiting for it (see the module docstring)."""
+        copy = dataclasses.replace(task, copy_id=new_copy_id())
+        confirmation = await self.pipes.requeue.send(copy)
         self.stats.requeued += 1
         log.debug("daemon.task.requeued", extra={"reason": reason, "attempts": task.attempts})
+        records = self.pipes.handed_back
+        if records is not None and delivery.framed:
+            record = HandedBack(task.task_id, delivery.message.copy_id, copy.copy_id)
+            confirmation.add_done_callback(functools.partial(_record_once_copied, records, record, delivery))
         self._settle_later(delivery, [confirmation], f"requeue ({reason})", None, gave_up=False)
 
     async def give_up(
@@ -187,6 +204,17 @@ class _End:
     gave_up: bool
     context: contextvars.Context
     """The log context it was published in (its task's ids)."""
+
+
+def _record_once_copied(
+    records: JobRecords, record: HandedBack, delivery: Delivery[TaskMessage], copied: Confirmation
+) -> None:
+    """Queues the hand-back record once the copy is confirmed: never before (a member is skipped
+    only when its copy is in the queue), never if it failed (the put-back's failure, handled by
+    the acker); not sent if the member's frame is settled by its turn (see
+    :mod:`truba.daemon.hand_back_records`)."""
+    if not copied.cancelled() and copied.exception() is None:
+        records.record(record, lambda: delivery.framed)
 
 
 async def settle(action: Awaitable[None]) -> None:

@@ -78,6 +78,14 @@ class Delivery(Protocol[T_co]):
         ...
 
     @property
+    def framed(self) -> bool:
+        """True for a member of a frame (one broker message of several) while that frame is not
+        settled: settling the member does not settle the broker message, which the broker would
+        redeliver whole (see :mod:`truba.pipes.frame`). False once its frame was acked or
+        rejected, and always for a lone message."""
+        ...
+
+    @property
     def headers(self) -> Mapping[str, object]: ...
 
     async def ack(self) -> None:

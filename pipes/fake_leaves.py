@@ -187,6 +187,10 @@ class FakeBrokerDelivery:
         return self._message.returns > 0
 
     @property
+    def framed(self) -> bool:
+        return False
+
+    @property
     def headers(self) -> Mapping[str, object]:
         return self._message.headers
 

@@ -7,9 +7,10 @@ that were done do not run again. Without ``requeue`` (or for members rejected wi
 the whole frame is rejected that way once all members are settled: done members may then run
 again, as after a crash (outcomes are deduplicated by task id downstream). Given ``done`` (a
 :class:`~truba.pipes.result_log.ResultLog`), a frame that comes back redelivered is first looked up
-in it: members that already have a confirmed result are acked instead of handed out, so a frame
-a dead consumer had half done runs only its other half. (A redelivered lone message runs again,
-as any redelivered AMQP message would.)
+in it: members that already have a confirmed result, or whose copy a consumer handed back
+(published again as a message of its own, the copy confirmed), are acked instead of handed out,
+so a frame a dead consumer had half done runs only its other half. (A redelivered lone message
+runs again, as any redelivered AMQP message would.)
 
 A message that starts like a frame but is not one truba packs (see
 :func:`~truba.pipes.frame_format.members`: bytes after the members, no members, a frame inside,
@@ -48,6 +49,7 @@ class _Frame:
         self.requeue = requeue
         self.again = False  # a member asked to run again, and could not be sent alone
         self.dead = False  # a member was rejected without requeue
+        self.settled = False  # every member is: the frame was (or is being) acked or rejected
 
     async def settle(self, message: bytes, how: str) -> None:
         if how == "requeue":
@@ -60,6 +62,7 @@ class _Frame:
             self.dead = True
         self.left -= 1
         if self.left == 0:
+            self.settled = True
             if self.again:
                 await self.delivery.reject(requeue=True)
             elif self.dead:
@@ -86,6 +89,10 @@ class _Member:
         return self._frame.delivery.redelivered
 
     @property
+    def framed(self) -> bool:
+        return not self._frame.settled
+
+    @property
     def headers(self) -> Mapping[str, object]:
         return self._frame.delivery.headers
 
@@ -108,8 +115,8 @@ def _wake(waiter: asyncio.Future[None]) -> None:
 
 
 DoneCheck = Callable[[Delivery[bytes], Sequence[bytes]], Awaitable[Collection[int]]]
-"""Given a redelivered delivery and its members, the indexes of those with a confirmed result
-(see :class:`~truba.pipes.result_log.ResultLog`)."""
+"""Given a redelivered delivery and its members, the indexes of those with a confirmed result or
+a confirmed hand-back (see :class:`~truba.pipes.result_log.ResultLog`)."""
 
 
 @final

@@ -42,6 +42,10 @@ class ReopenDelivery(Generic[T]):
         return self.inner.redelivered
 
     @property
+    def framed(self) -> bool:
+        return self.inner.framed
+
+    @property
     def headers(self) -> Mapping[str, object]:
         return self.inner.headers
 

@@ -74,6 +74,10 @@ class DecodedDelivery(Generic[T]):
         return self.inner.redelivered
 
     @property
+    def framed(self) -> bool:
+        return self.inner.framed
+
+    @property
     def headers(self) -> Mapping[str, object]:
         return self.inner.headers
 

@@ -119,6 +119,7 @@ class FakeDelivery(Generic[T]):
     redelivered: bool = False
     headers: Mapping[str, object] = field(default_factory=dict)
     settled: str | None = None
+    framed: bool = False
 
     async def ack(self) -> None:
         self._settle("ack")
@@ -128,7 +129,7 @@ class FakeDelivery(Generic[T]):
         self._settle("requeue" if requeue else "reject")
         self.listener.rejected.append((self.message, requeue))
         if requeue and not self.listener.closed:
-            self.listener.push(self.message, redelivered=True)
+            self.listener.push(self.message, redelivered=True, framed=self.framed)
 
     def _settle(self, how: str) -> None:
         if self.listener.broken is not None:
@@ -156,13 +157,19 @@ class FakeListener(Generic[T]):
         self._tasks: set[asyncio.Task[None]] = set()
 
     def push(
-        self, message: T, *, redelivered: bool = False, headers: Mapping[str, object] | None = None
+        self,
+        message: T,
+        *,
+        redelivered: bool = False,
+        headers: Mapping[str, object] | None = None,
+        framed: bool = False,
     ) -> None:
-        """Delivers ``message`` as if a broker sent it; once cancelled it stays in ``held_back``."""
+        """Delivers ``message`` as if a broker sent it (``framed``: as a member of a frame); once
+        cancelled it stays in ``held_back``."""
         if self.cancelled:
             self.held_back.append(message)
             return
-        delivery = FakeDelivery(message, self, redelivered, dict(headers or {}))
+        delivery = FakeDelivery(message, self, redelivered, dict(headers or {}), framed=framed)
         if self._callback is not None:
             task = asyncio.get_running_loop().create_task(_call(self._callback, delivery))
             self._tasks.add(task)

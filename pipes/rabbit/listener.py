@@ -50,6 +50,10 @@ class RabbitDelivery:
         return bool(self._message.redelivered)
 
     @property
+    def framed(self) -> bool:
+        return False
+
+    @property
     def headers(self) -> Mapping[str, object]:
         return self._message.header.properties.headers or {}
 

@@ -8,9 +8,14 @@ says so.
 
 Format 1 has a fixed head and an optional map of *extras* after it::
 
-    task:   [1, task_id, payload]         + [{"attempts": n, "priority": p, "not_before": t, "expires": t}]
+    task:   [1, task_id, payload]         + [{"attempts": n, "priority": p, "not_before": t, "expires": t,
+                                                  "copy_id": c}]
     result: [1, task_id, ok, value | [type, message, tb], daemon, seconds]
                                                                    + [{"attempts": n, "gave_up": true}]
+
+The job's result log also holds *hand-back records* (:class:`HandedBack`), a map
+``{"kind": "handed_back", "task_id": ..., "original": c, "copy": c2}``: not format 1, so a result
+reader refuses them as foreign.
 
 An extra is written only when it differs from its default, so a fresh task or a first-attempt
 result is byte-for-byte what readers without extras expect; readers ignore extras they do not
@@ -19,6 +24,7 @@ know and anything after the map (the next field goes there without a new format 
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from typing import Final
 
@@ -52,6 +58,11 @@ class TaskMessage:
     """A time (Unix; 0: never) after which the task is not run any more: a daemon that gets it
     later gives it up at once (``RunExpired``). A schedule's run carries one, so that runs sent
     while no daemon served the schedule do not all run when one comes back."""
+    copy_id: int = 0
+    """Which copy of the task this is: 0 as the client sent it; a random 63-bit number (never 0)
+    on each copy a daemon puts back into the queue (a hand-back, a preemption, a retry, a recount).
+    A hand-back record (:class:`HandedBack`) names the copy it replaced, so a redelivered frame
+    skips that one and never the copy that replaced it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,7 +152,7 @@ def _time(extras: dict[object, object], key: str) -> float:
 
 class TaskCodec:
     """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p,
-    "not_before": t, "expires": t}``, each when not 0)."""
+    "not_before": t, "expires": t, "copy_id": c}``, each when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
         fields: list[object] = [FORMAT, message.task_id, message.payload]
@@ -154,6 +165,8 @@ class TaskCodec:
             extras["not_before"] = message.not_before
         if message.expires:
             extras["expires"] = message.expires
+        if message.copy_id:
+            extras["copy_id"] = message.copy_id
         if extras:
             fields.append(extras)
         return _pack(fields, f"task {message.task_id} payload")
@@ -168,7 +181,9 @@ class TaskCodec:
         attempts = _count(extras, "attempts", 0, "task")
         priority = _count(extras, "priority", 0, "task")
         not_before = _time(extras, "not_before")
-        return TaskMessage(obj[1], obj[2], attempts, priority, not_before, _time(extras, "expires"))
+        expires = _time(extras, "expires")
+        copy_id = _count(extras, "copy_id", 0, "task")
+        return TaskMessage(obj[1], obj[2], attempts, priority, not_before, expires, copy_id)
 
 
 class ResultCodec:
@@ -264,3 +279,51 @@ class GaveUpCodec:
             raise CodecError("dead-letter record: task_id must be a str and body bytes")
         attempts = _count(obj, "attempts", 0, "dead-letter record")
         return GaveUpRecord(task_id, attempts, ErrorInfo(*error), str(obj.get("daemon_id", "")), body)
+
+
+COPY_ID_BITS: Final = 63
+"""A copy id fits a msgpack int64 (and a signed 64-bit column, should anyone store it)."""
+
+
+def new_copy_id() -> int:
+    """A random copy id for a task put back into its queue (never 0: the client's own copy)."""
+    return secrets.randbits(COPY_ID_BITS) or 1
+
+
+@dataclass(frozen=True, slots=True)
+class HandedBack:
+    """A daemon put copy ``original`` of task ``task_id`` back into its queue as copy ``copy``,
+    and that copy is confirmed: a redelivered frame holding copy ``original`` need not run it (see
+    :mod:`truba.pipes.result_log`); copy ``copy`` itself still runs."""
+
+    task_id: str
+    original: int
+    copy: int
+
+
+class HandedBackCodec:
+    """``HandedBack`` <-> a msgpack map: kind "handed_back", task_id, original, copy."""
+
+    def encode(self, record: HandedBack) -> bytes:
+        return _pack(
+            {
+                "kind": "handed_back",
+                "task_id": record.task_id,
+                "original": record.original,
+                "copy": record.copy,
+            },
+            f"hand-back record of task {record.task_id}",
+        )
+
+    def decode(self, data: bytes) -> HandedBack:
+        try:
+            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+        except Exception as exc:
+            raise CodecError(f"hand-back record: not msgpack ({type(exc).__name__}: {exc})") from exc
+        if not isinstance(obj, dict) or obj.get("kind") != "handed_back":
+            raise CodecError("hand-back record: not a handed_back record")
+        task_id = obj.get("task_id")
+        if not isinstance(task_id, str):
+            raise CodecError("hand-back record: task_id must be a str")
+        original = _count(obj, "original", 0, "hand-back record")
+        return HandedBack(task_id, original, _count(obj, "copy", 0, "hand-back record"))

@@ -163,6 +163,54 @@ async def test_a_frame_a_killed_daemon_had_half_done_runs_only_its_other_half(
         assert job.duplicates() == 0, logs
 
 
+async def test_members_a_killed_daemon_had_handed_back_run_only_as_their_copies(
+    urls: list[str], request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    # Issue 18: a member handed back (held behind a long task) and then redelivered with its
+    # frame (the daemon killed before the frame's ack, and before the copy ran) ran twice: from
+    # the frame and as its copy.
+    # One broker: with two, a copy went to the broker whose prefetch the frame did not hold and
+    # came back to the doomed daemon, held and handed back every 0.15 s; a kill between such a
+    # lone copy's next copy and its ack ran it twice (the put-back's at-least-once window, not
+    # the frame's case this test is about).
+    job = JobQueues(f"{request.node.name[:36]}-{secrets.token_hex(3)}", urls[:1])
+    await job.declare()
+    try:
+        await _handed_back_then_killed(job, urls[:1], tmp_path)
+    finally:
+        await job.delete()
+
+
+async def _handed_back_then_killed(job: JobQueues, urls: list[str], tmp_path: Path) -> None:
+    handler = "tests.handlers.faults:count_runs"
+    async with scripted(urls, tmp_path) as (scheduler, start_daemon):
+        doomed = start_daemon("d-doomed", 1)
+        await eventually(lambda: scheduler.connected("d-doomed"), what="daemon connected")
+        # "alone" goes alone (nothing in flight); "running" and the two after it in one frame.
+        # Tasks of 0.1 s and more: the prefetch is the one slot, so the unacked frame keeps the
+        # copies handed back out of the doomed daemon (in the queue, not back and forth).
+        tasks = [TaskMessage("alone", [str(tmp_path / "alone.runs"), 0.1])]
+        tasks.append(TaskMessage("running", [str(tmp_path / "running.runs"), 30.0]))
+        tasks += [TaskMessage(f"back-{i}", [str(tmp_path / f"back-{i}.runs"), 0.1]) for i in (1, 2)]
+        sender = send_stack(TaskCodec(), job.links[:1], job.tasks, frames=FrameLimits(max_messages=3)).sender
+        await asyncio.gather(*[await sender.send(task) for task in tasks])
+        await sender.close()
+        scheduler.assign("d-doomed", job_slots(job, handler, 1))
+        await eventually(lambda: (tmp_path / "running.runs").exists(), what="running")
+        await eventually(lambda: job.counts()[job.tasks] == 2, what="both copies in the queue")
+        await asyncio.sleep(0.5)  # their hand-back records are sent and confirmed
+        doomed.kill()  # the frame ("running" unsettled) is redelivered
+        start_daemon("d-heir", 3)
+        await eventually(lambda: scheduler.connected("d-heir"), what="heir connected")
+        scheduler.assign("d-heir", job_slots(job, handler, 3))
+        await eventually(lambda: len(_runs(tmp_path, "running")) == 2, timeout=20, what="running again")
+        await job.collect(["alone", "back-1", "back-2"], timeout=10, linger=1.0)  # a second run shows
+        logs = dump_logs(tmp_path)
+        assert [len(_runs(tmp_path, t)) for t in ("alone", "back-1", "back-2")] == [1, 1, 1], logs
+        assert '"pipe.frame.done_before"' in (tmp_path / "d-heir.log").read_text(), logs
+        assert job.duplicates() == 0, logs
+
+
 def _runs(tmp_path: Path, task_id: str) -> list[str]:
     path = tmp_path / f"{task_id}.runs"
     return path.read_text().split() if path.exists() else []

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.unit.daemon.copies import uncopied
 from tests.waiting import eventually
 from truba.daemon.batching import collect
 from truba.daemon.job_pipes import JobPipes
@@ -161,7 +162,7 @@ async def test_a_batch_over_the_timeout_spends_an_attempt_of_each_task(rig: Call
     for i in range(3):
         r.tasks.push(TaskMessage(f"t{i}", 30.0))
     await eventually(lambda: len(r.tasks.acked) == 3)
-    assert sorted(r.requeue.sent, key=lambda t: t.task_id) == [
+    assert sorted(uncopied(r.requeue.sent), key=lambda t: t.task_id) == [
         TaskMessage(f"t{i}", 30.0, attempts=1) for i in range(3)
     ]
     assert r.results.sent == [] and r.runner.stats.timed_out == 3
@@ -188,7 +189,7 @@ async def test_immediate_preemption_puts_the_whole_batch_back_unspent(rig: Calla
     await eventually(lambda: r.released)
     assert time.monotonic() - began < 0.5, "the slot was not freed at once"
     await eventually(lambda: len(r.tasks.acked) == 3)
-    assert sorted(r.requeue.sent, key=lambda t: t.task_id) == [
+    assert sorted(uncopied(r.requeue.sent), key=lambda t: t.task_id) == [
         TaskMessage(f"t{i}", 30.0, attempts=1) for i in range(3)
     ]
     assert r.results.sent == [] and r.runner.stats.preempted == 3

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.unit.daemon.copies import uncopied
 from tests.waiting import eventually
 from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.job_pipes import JobPipes, Wanted
@@ -34,7 +35,7 @@ class FakePipesDaemon(Daemon):
         super().__init__(config)
         self.jobs: dict[str, FakeJob] = {}
 
-    def _open_pipes(self, job: Wanted, window: Window) -> JobPipes:
+    def _open_pipes(self, job_id: str, job: Wanted, window: Window) -> JobPipes:
         tasks_queue = job.tasks_queue if isinstance(job.tasks_queue, str) else job.tasks_queue.name
         fake = self.jobs.get(tasks_queue)
         if fake is None or fake.tasks.closed:
@@ -97,7 +98,7 @@ async def test_immediate_preemption_starts_the_new_jobs_task_within_a_second(
     assert began - reassigned < 1.0, f"the new job's task started {began - reassigned:.2f} s after"
     # The interrupted task went back to its queue unspent, acked once that was confirmed.
     a = d.jobs["a"]
-    assert a.requeue.sent == [TaskMessage("long", 60)] and a.results.sent == []
+    assert uncopied(a.requeue.sent) == [TaskMessage("long", 60)] and a.results.sent == []
     await eventually(lambda: a.tasks.acked == [TaskMessage("long", 60)])
     await eventually(lambda: a.tasks.closed)  # its consumer is gone
 
@@ -129,7 +130,7 @@ async def test_a_graceful_jobs_grace_bounds_how_long_a_taken_slot_keeps_its_task
     assert 0.95 < began[1] - taken < 3.0, f"the second slot served b {began[1] - taken:.2f} s after"
     a = d.jobs["a"]
     assert [r.task_id for r in a.results.sent] == ["short"]
-    assert a.requeue.sent == [TaskMessage("long", 60)]
+    assert uncopied(a.requeue.sent) == [TaskMessage("long", 60)]
 
 
 async def test_heartbeats_carry_cumulative_stats_and_drain_finishes_running_tasks(
@@ -184,7 +185,7 @@ async def test_a_drain_with_nothing_running_is_immediate_and_a_second_stop_inter
     busy.stop_now()
     await eventually(lambda: busy._stop.is_set(), timeout=5)
     assert time.monotonic() - began < 1.5
-    assert busy.jobs["k"].requeue.sent == [TaskMessage("long", 60)]
+    assert uncopied(busy.jobs["k"].requeue.sent) == [TaskMessage("long", 60)]
     assert busy.jobs["k"].tasks.acked == [TaskMessage("long", 60)]
 
 
