@@ -36,7 +36,8 @@ Per N, in order:
                share by moves; affected daemons = those whose assignment gained (lost) it.
                For every create also: the time from CreateJob's return to the last daemon,
                CreateJob's split as the scheduler logs it (declare_ms: the brokers'
-               declarations; plan_ms: store, plan, pushes into outboxes), the scheduler's CPU
+               declarations; plan_ms: store, plan, pushes into outboxes; plan_cpu_ms: the same
+               on the scheduler loop thread's CPU clock), the scheduler's CPU
                until the last daemon had the job, and that less the steady phase's CPU (what
                the propagation itself cost it); per scenario, the scheduler's CPU µs per
                assignment queued (``ClusterInfo.assignments``; an upper bound)
@@ -476,7 +477,7 @@ class SchedulerProcess:
                 if job_id in line and "sched.job.created" in line:
                     with contextlib.suppress(ValueError):
                         record = json.loads(line)
-                        return {k: record[k] for k in ("declare_ms", "plan_ms") if k in record}
+                        return {k: record[k] for k in ("declare_ms", "plan_ms", "plan_cpu_ms") if k in record}
         return {}
 
     def log_summary(self) -> dict[str, object]:
@@ -1026,6 +1027,7 @@ def _rounds_summary(rounds: list[dict[str, object]], rpc: list[float]) -> dict[s
         "all_after_return_ms": {"median": round(pct(after, 50), 1), "max": max(after)} if after else None,
         "declare_ms": [r.get("declare_ms") for r in rounds if "declare_ms" in r],
         "plan_ms": [r.get("plan_ms") for r in rounds if "plan_ms" in r],
+        "plan_cpu_ms": [r.get("plan_cpu_ms") for r in rounds if "plan_cpu_ms" in r],
         "scheduler_cpu_s": [r.get("scheduler_cpu_s") for r in rounds if "scheduler_cpu_s" in r],
         "cpu_to_all_s": [r.get("cpu_to_all_s") for r in rounds if "cpu_to_all_s" in r],
         "own_cpu_to_all_s": [r.get("own_cpu_to_all_s") for r in rounds if "own_cpu_to_all_s" in r],
@@ -1274,12 +1276,13 @@ def print_tables(result: dict[str, Any]) -> None:
     )
     print(
         "  ret->all = CreateJob's return -> last daemon; declare, plan = CreateJob's split (scheduler log);"
-        " cpu = scheduler CPU s to the last daemon, own = less the steady phase's (medians)"
+        " pcpu = plan's CPU ms (scheduler log); cpu = scheduler CPU s to the last daemon, own = less the"
+        " steady phase's (medians)"
     )
     print(
         f"{'daemons':>8} {'scenario':<13}{'affected/round':>15}{'p50':>8}{'p95':>8}{'max':>8}"
         f"{'all med':>9}{'all max':>9}{'rpc p50':>9}{'ret->all med':>13}{'max':>7}{'declare':>8}{'plan':>6}"
-        f"{'cpu':>6}{'own':>6}"
+        f"{'pcpu':>6}{'cpu':>6}{'own':>6}"
         f"{'probe max':>10}"
     )
     for r in runs:
@@ -1299,6 +1302,7 @@ def print_tables(result: dict[str, Any]) -> None:
                     f"{_f(_get(s, 'all_after_return_ms', 'median'), '.0f', 13)}"
                     f"{_f(_get(s, 'all_after_return_ms', 'max'), '.0f', 7)}"
                     f"{_f(_median(s.get('declare_ms')), '.0f', 8)}{_f(_median(s.get('plan_ms')), '.0f', 6)}"
+                    f"{_f(_median(s.get('plan_cpu_ms')), '.0f', 6)}"
                     f"{_f(_median(s.get('cpu_to_all_s')), '.2f', 6)}"
                     f"{_f(_median(s.get('own_cpu_to_all_s')), '.2f', 6)}"
                     f"{_f(block['probe_ms']['max'], '.0f', 10)}"

@@ -358,13 +358,17 @@ class Assigner:
     def _push_plan(self, sessions: Sequence[DaemonSession], jobs: dict[str, Job]) -> None:
         """Sends each daemon whose share changed its new one: all under one new version, and one
         message per distinct share (daemons given the same slots of the same jobs get the same
-        message object; most of a large cluster's daemons get one of a few)."""
+        message object; most of a large cluster's daemons get one of a few).
+
+        Daemons that gain slots of some job are queued first (:func:`gainers_first`): their
+        streams wake first, so a new job's share (the moves' receivers, the free slots it gets)
+        reaches them before the donors learn what they lost."""
         version = self._version + 1
         interval = self.interval_for(len(sessions))
         messages: dict[tuple[tuple[tuple[str, int], ...], float], daemons_pb2.SchedulerMessage] = {}
         pushed = 0
         detail = log.isEnabledFor(logging.DEBUG)
-        for session in sessions:
+        for session in gainers_first(sessions, self._plan):
             share = self._plan[session.daemon_id]
             retell = bool(session.heartbeat_interval) and session.heartbeat_interval != interval
             if session.version != 0 and share == session.held and not retell:
@@ -493,3 +497,18 @@ class Assigner:
     def _patterns(self) -> str:
         patterns = sorted({p for s in self._registry for p in s.info.allow})
         return f" (their --allow patterns: {', '.join(patterns) if patterns else 'none'})"
+
+
+def gainers_first(sessions: Sequence[DaemonSession], plan: Assignment) -> list[DaemonSession]:
+    """``sessions`` with those whose share in ``plan`` gains slots of some job over what they
+    hold first, each group in its given order."""
+    gaining: list[DaemonSession] = []
+    others: list[DaemonSession] = []
+    for session in sessions:
+        held = session.held
+        share = plan[session.daemon_id]
+        if share != held and any(n > held.get(job_id, 0) for job_id, n in share.items()):
+            gaining.append(session)
+        else:
+            others.append(session)
+    return gaining + others

@@ -93,6 +93,21 @@ class _JobCounters:
     rate_at: float | None = None
     reported_at: float | None = None
     """When a client last reported (scheduler clock)."""
+    done: int = field(default=0, compare=False, repr=False)
+    failed: int = field(default=0, compare=False, repr=False)
+    busy: int = field(default=0, compare=False, repr=False)
+    waiting: int = field(default=0, compare=False, repr=False)
+    """The sums of ``daemons``' rows, kept as they change (:meth:`JobCounters.daemon_report`,
+    :meth:`JobCounters.daemon_lost`): a view of a 10,000-daemon job adds nothing up."""
+    service_time: float | None = field(default=None, compare=False, repr=False)
+    """The mean of the rows' positive service times; None: to compute again (one changed)."""
+
+    def add_row(self, row: _PerDaemon, sign: int) -> None:
+        """Adds (``sign`` 1) or takes away (-1) ``row``'s numbers from the sums."""
+        self.done += sign * row.done
+        self.failed += sign * row.failed
+        self.busy += sign * row.busy
+        self.waiting += sign * row.waiting
 
     def to_json(self) -> str:
         return json.dumps(
@@ -115,7 +130,8 @@ class _JobCounters:
             retired_failed=int(data.get("retired_failed", 0)),
         )
         for daemon_id, (done, failed) in data.get("daemons", {}).items():
-            counters.daemons[str(daemon_id)] = _PerDaemon(int(done), int(failed), connected=False)
+            row = counters.daemons[str(daemon_id)] = _PerDaemon(int(done), int(failed), connected=False)
+            counters.add_row(row, 1)
         return counters
 
 
@@ -170,16 +186,21 @@ class JobCounters:
             row = job.daemons.get(daemon_id)
             if row is None:
                 row = job.daemons[daemon_id] = _PerDaemon()
-            elif report.done < row.done or report.failed < row.failed:
+            job.add_row(row, -1)
+            if report.done < row.done or report.failed < row.failed:
                 # The daemon restarted under the same id: its counting began again at zero.
                 job.retired_done += row.done
                 job.retired_failed += row.failed
                 row.done = row.failed = 0
             before = (row.done, row.failed, row.busy, row.waiting)
+            service_time = row.service_time
             row.done, row.failed = report.done, report.failed
             row.busy, row.waiting = report.busy, report.waiting
             row.service_time = report.service_time or row.service_time
             row.connected = True
+            job.add_row(row, 1)
+            if row.service_time != service_time:
+                job.service_time = None
             if (row.done, row.failed, row.busy, row.waiting) != before:
                 changed.add(report.job_id)
                 self._dirty.add(report.job_id)
@@ -191,7 +212,9 @@ class JobCounters:
         for job_id, job in self._jobs.items():
             row = job.daemons.get(daemon_id)
             if row is not None and row.connected:
+                job.add_row(row, -1)
                 row.busy = row.waiting = 0
+                job.add_row(row, 1)
                 row.connected = False
                 affected.add(job_id)
         return affected
@@ -237,7 +260,7 @@ class JobCounters:
             and counts.submitted - delayed > job.received
         ):
             # Tasks are left, but not how many: keep what runs or waits, and probe for one more.
-            waiting = sum(d.waiting for d in job.daemons.values())
+            waiting = job.waiting
             outstanding = min(counts.submitted - delayed - job.received, counts.running + waiting + 1)
         return outstanding
 
@@ -302,15 +325,17 @@ def stored_counts(text: str, closed_submitted: int) -> Counts:
 
 def _counts(job: _JobCounters, closed_submitted: int) -> Counts:
     submitted = max(job.submitted, closed_submitted)
-    done = job.retired_done + sum(d.done for d in job.daemons.values())
-    failed = job.retired_failed + sum(d.failed for d in job.daemons.values())
-    running = sum(d.busy for d in job.daemons.values())
-    times = [d.service_time for d in job.daemons.values() if d.service_time > 0]
+    done = job.retired_done + job.done
+    failed = job.retired_failed + job.failed
+    running = job.busy
+    if job.service_time is None:
+        times = [d.service_time for d in job.daemons.values() if d.service_time > 0]
+        job.service_time = sum(times) / len(times) if times else 0.0
     return Counts(
         submitted=submitted,
         done=done,
         failed=failed,
         running=running,
         backlog=max(0, submitted - done - failed - running),
-        service_time=sum(times) / len(times) if times else 0.0,
+        service_time=job.service_time,
     )

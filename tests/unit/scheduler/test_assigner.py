@@ -7,7 +7,7 @@ import grpc
 
 from tests.unit.scheduler.fakes import ManualClock
 from truba.proto.v1 import daemons_pb2
-from truba.scheduler.assigner import Assigner
+from truba.scheduler.assigner import Assigner, gainers_first
 from truba.scheduler.model import Job, JobSettings, JobState
 from truba.scheduler.registry import DaemonInfo, DaemonRegistry, DaemonSession
 
@@ -107,6 +107,15 @@ async def test_a_second_job_splits_the_slots(clock: ManualClock) -> None:
     assigner.replan()
     [message] = await drain(d1)
     assert slots(message) == {"a": 2, "b": 2}
+
+
+def test_daemons_that_gain_slots_are_pushed_before_those_that_only_lose_or_keep(clock: ManualClock) -> None:
+    loses, gains, keeps, swaps = (session(clock, d) for d in ("a-loses", "b-gains", "c-keeps", "d-swaps"))
+    for s, held in ((loses, {"a": 4}), (gains, {"a": 4}), (keeps, {"a": 4}), (swaps, {"a": 4})):
+        s.held = held
+    plan = {"a-loses": {"a": 2}, "b-gains": {"a": 2, "new": 2}, "c-keeps": {"a": 4}, "d-swaps": {"new": 4}}
+    ordered = gainers_first([loses, gains, keeps, swaps], plan)
+    assert [s.daemon_id for s in ordered] == ["b-gains", "d-swaps", "a-loses", "c-keeps"]
 
 
 async def test_slots_just_given_are_held_briefly_and_moved_once_the_hold_passed(clock: ManualClock) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from truba.scheduler.counters import DaemonJobStats, JobCounters, stored_counts
+import random
+
+from truba.scheduler.counters import DaemonJobStats, JobCounters, _JobCounters, stored_counts
 
 
 def test_demand_is_unknown_until_a_client_reports_and_outstanding_after() -> None:
@@ -146,3 +148,48 @@ def test_delayed_tasks_are_no_demand_for_slots_until_they_are_due() -> None:
     assert counters.demand("j", now=3.0) == 0
     # A client silent past CLIENT_FRESH: its delayed count is no longer trusted, the tasks are.
     assert counters.demand("j", now=30.0) == 70
+
+
+def test_the_sums_kept_as_reports_come_equal_the_rows_added_up() -> None:
+    """Counts no longer add up every daemon's row per view; the sums kept per report must be the
+    same numbers through reports, daemon restarts (counts going down), losses and a restore."""
+    rng = random.Random(7)
+    counters = JobCounters()
+    counters.client_report("j", submitted=10_000, received=0, now=1.0)
+    last: dict[str, tuple[int, int]] = {}
+    for _ in range(2_000):
+        daemon = f"d{rng.randrange(20)}"
+        if rng.random() < 0.05:
+            counters.daemon_lost(daemon)
+            continue
+        done, failed = last.get(daemon, (0, 0))
+        if rng.random() < 0.05:
+            done, failed = 0, 0  # restarted
+        done, failed = done + rng.randrange(3), failed + rng.randrange(2)
+        last[daemon] = (done, failed)
+        stats = DaemonJobStats(
+            "j",
+            done=done,
+            failed=failed,
+            busy=rng.randrange(4),
+            waiting=rng.randrange(3),
+            service_time=rng.choice([0.0, 0.5, 1.25]),
+        )
+        counters.daemon_report(daemon, [stats])
+        job = counters._jobs["j"]
+        rows = job.daemons.values()
+        want = (
+            job.retired_done + sum(r.done for r in rows),
+            job.retired_failed + sum(r.failed for r in rows),
+            sum(r.busy for r in rows),
+        )
+        times = [r.service_time for r in rows if r.service_time > 0]
+        counts = counters.counts("j")
+        assert (counts.done, counts.failed, counts.running) == want
+        assert job.waiting == sum(r.waiting for r in rows)
+        assert counts.service_time == (sum(times) / len(times) if times else 0.0)
+    restored = _JobCounters.from_json(counters._jobs["j"].to_json())
+    assert (restored.done, restored.failed) == (
+        sum(r.done for r in restored.daemons.values()),
+        sum(r.failed for r in restored.daemons.values()),
+    )
