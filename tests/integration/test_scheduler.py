@@ -7,6 +7,7 @@ conftest.py) are shared by the session, so tests look only at their own jobs' qu
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import signal
 import socket
@@ -133,6 +134,27 @@ class FakeDaemon:
 
     def end(self) -> None:
         self._outgoing.put_nowait(None)
+
+    @contextlib.asynccontextmanager
+    async def beating(
+        self, stats: Sequence[daemons_pb2.JobStats] = (), every: float = 0.2
+    ) -> AsyncIterator[None]:
+        """Keeps the daemon alive while the block runs, however slow the machine: a heartbeat
+        every ``every`` seconds (creating a job declares queues on every broker; under load a
+        test outlived three heartbeat intervals with none sent and the scheduler dropped it)."""
+
+        async def beat() -> None:
+            while True:
+                self.send_heartbeat(stats=stats)
+                await asyncio.sleep(every)
+
+        beating = asyncio.create_task(beat())
+        try:
+            yield
+        finally:
+            beating.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await beating
 
 
 async def test_create_declares_three_queues_on_every_broker_and_finish_deletes_all_but_the_dead_letters(

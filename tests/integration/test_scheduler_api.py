@@ -94,12 +94,13 @@ async def test_settings_are_stored_defaulted_and_sent_to_daemons(
         max_slots=1,
     )
     request = jobs_pb2.CreateJobRequest(handler="examples.math:square", importance=1, settings=settings)
-    job = (await jobs.CreateJob(request)).job
-    assert job.settings.max_attempts == 3  # the default, filled in
-    assert job.settings.queue_type == common_pb2.QUEUE_TYPE_CLASSIC
-    message = await daemon.receive()
-    while not (message.HasField("assignment") and message.assignment.jobs):
+    async with daemon.beating():
+        job = (await jobs.CreateJob(request)).job
+        assert job.settings.max_attempts == 3  # the default, filled in
+        assert job.settings.queue_type == common_pb2.QUEUE_TYPE_CLASSIC
         message = await daemon.receive()
+        while not (message.HasField("assignment") and message.assignment.jobs):
+            message = await daemon.receive()
     (entry,) = message.assignment.jobs
     assert (entry.slots, entry.settings.preemption, entry.settings.task_timeout) == (
         1,
@@ -115,14 +116,15 @@ async def test_importance_sets_the_shares_and_can_change(
 ) -> None:
     daemon = FakeDaemon(channel, "node-i", 6, ["examples.*"])
     assert (await daemon.receive()).HasField("welcome")
-    low = (await create(jobs, importance=1.0)).job
-    high = (await create(jobs, importance=2.0)).job
-    await latest_assignment(daemon, {low.id: 2, high.id: 4})
-    got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=high.id))
-    assert got.fair_share == pytest.approx(4.0)
-    changed = await jobs.SetImportance(jobs_pb2.SetImportanceRequest(job_id=low.id, importance=2.0))
-    assert changed.importance == 2.0
-    await latest_assignment(daemon, {low.id: 3, high.id: 3})
+    async with daemon.beating():
+        low = (await create(jobs, importance=1.0)).job
+        high = (await create(jobs, importance=2.0)).job
+        await latest_assignment(daemon, {low.id: 2, high.id: 4})
+        got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=high.id))
+        assert got.fair_share == pytest.approx(4.0)
+        changed = await jobs.SetImportance(jobs_pb2.SetImportanceRequest(job_id=low.id, importance=2.0))
+        assert changed.importance == 2.0
+        await latest_assignment(daemon, {low.id: 3, high.id: 3})
     code, details = await refused(jobs.SetImportance(jobs_pb2.SetImportanceRequest(job_id=low.id)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("importance: ")
     daemon.end()
@@ -137,35 +139,26 @@ async def test_reported_progress_sets_demand_and_a_job_that_needs_less_gives_slo
 ) -> None:
     daemon = FakeDaemon(channel, "node-p", 4, ["examples.*"])
     assert (await daemon.receive()).HasField("welcome")
-    # The daemon stays alive however slow the machine (creating a job declares queues on every
-    # broker: under load the test outlived three heartbeat intervals with none sent)
-    stats: list[daemons_pb2.JobStats] = []
-
-    async def beat() -> None:
-        while True:
-            daemon.send_heartbeat(stats=stats)
-            await asyncio.sleep(0.2)
-
-    beating = asyncio.create_task(beat())
-    small = (await create(jobs)).job
-    big = (await create(jobs)).job
-    await latest_assignment(daemon, {small.id: 2, big.id: 2})
-    # The small job has one task left to run: it keeps one slot, the big one gets the rest
-    await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1))
-    await latest_assignment(daemon, {small.id: 1, big.id: 3})
-    # Daemons report it done and the client took its outcome: no demand left, all slots go
-    # to the big job (with the outcome not taken yet, the job would keep one slot to probe with)
-    stats.append(daemons_pb2.JobStats(job_id=small.id, done=1))
-    daemon.send_heartbeat(stats=stats)
-    await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1, received=1))
-    await latest_assignment(daemon, {big.id: 4})
-    got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=small.id))
-    assert (got.counts.submitted, got.counts.done, got.counts.backlog) == (1, 1, 0)
-    code, details = await refused(
-        jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=2**63))
-    )
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("submitted: ")
-    beating.cancel()
+    stats: list[daemons_pb2.JobStats] = []  # what the daemon reports, changed as the test goes
+    async with daemon.beating(stats):
+        small = (await create(jobs)).job
+        big = (await create(jobs)).job
+        await latest_assignment(daemon, {small.id: 2, big.id: 2})
+        # The small job has one task left to run: it keeps one slot, the big one gets the rest
+        await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1))
+        await latest_assignment(daemon, {small.id: 1, big.id: 3})
+        # Daemons report it done and the client took its outcome: no demand left, all slots go
+        # to the big job (with the outcome not taken yet, the job would keep one slot to probe with)
+        stats.append(daemons_pb2.JobStats(job_id=small.id, done=1))
+        daemon.send_heartbeat(stats=stats)
+        await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=1, received=1))
+        await latest_assignment(daemon, {big.id: 4})
+        got = await jobs.GetJob(jobs_pb2.GetJobRequest(job_id=small.id))
+        assert (got.counts.submitted, got.counts.done, got.counts.backlog) == (1, 1, 0)
+        code, details = await refused(
+            jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=small.id, submitted=2**63))
+        )
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and details.startswith("submitted: ")
     daemon.end()
     for job in (small, big):
         await jobs.CancelJob(jobs_pb2.CancelJobRequest(job_id=job.id))
@@ -192,17 +185,18 @@ async def test_watch_job_streams_a_snapshot_then_changes_until_the_job_ends(
     await seen(jobs_pb2.JOB_EVENT_KIND_SNAPSHOT)
     assert events[0].job.id == job.id and events[0].job.state == jobs_pb2.JOB_STATE_OPEN
     daemon = FakeDaemon(channel, "node-w", 2, ["examples.*"])
-    await seen(jobs_pb2.JOB_EVENT_KIND_SLOTS)
-    await jobs.SetImportance(jobs_pb2.SetImportanceRequest(job_id=job.id, importance=5))
-    await seen(jobs_pb2.JOB_EVENT_KIND_IMPORTANCE)
-    await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=job.id, submitted=3))
-    await seen(jobs_pb2.JOB_EVENT_KIND_PROGRESS)
-    await jobs.CloseJob(jobs_pb2.CloseJobRequest(job_id=job.id, submitted=3))
-    await jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=job.id))
-    await asyncio.wait_for(collector, 5)  # the stream ended by itself
-    assert events[-1].kind == jobs_pb2.JOB_EVENT_KIND_STATE
-    assert events[-1].job.state == jobs_pb2.JOB_STATE_FINISHED
-    assert any(e.job.assigned_slots == 2 for e in events)
+    async with daemon.beating():
+        await seen(jobs_pb2.JOB_EVENT_KIND_SLOTS)
+        await jobs.SetImportance(jobs_pb2.SetImportanceRequest(job_id=job.id, importance=5))
+        await seen(jobs_pb2.JOB_EVENT_KIND_IMPORTANCE)
+        await jobs.ReportProgress(jobs_pb2.ReportProgressRequest(job_id=job.id, submitted=3))
+        await seen(jobs_pb2.JOB_EVENT_KIND_PROGRESS)
+        await jobs.CloseJob(jobs_pb2.CloseJobRequest(job_id=job.id, submitted=3))
+        await jobs.FinishJob(jobs_pb2.FinishJobRequest(job_id=job.id))
+        await asyncio.wait_for(collector, 5)  # the stream ended by itself
+        assert events[-1].kind == jobs_pb2.JOB_EVENT_KIND_STATE
+        assert events[-1].job.state == jobs_pb2.JOB_STATE_FINISHED
+        assert any(e.job.assigned_slots == 2 for e in events)
     daemon.end()
     code, _ = await refused(anext(aiter(jobs.WatchJob(jobs_pb2.WatchJobRequest(job_id="nosuchjob")))))
     assert code == grpc.StatusCode.NOT_FOUND
