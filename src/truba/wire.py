@@ -136,6 +136,17 @@ def _extras(obj: list[object], head: int, what: str) -> dict[object, object]:
     return extras
 
 
+def _record(data: bytes, kind: str, what: str) -> dict[object, object]:
+    """A record of the result log or the dead letters: a msgpack map whose "kind" is ``kind``."""
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
+    except Exception as exc:  # msgpack raises several unrelated types on garbage
+        raise CodecError(f"{what}: not msgpack ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(obj, dict) or obj.get("kind") != kind:
+        raise CodecError(f"{what}: not a {kind} record")
+    return obj
+
+
 def _count(extras: dict[object, object], key: str, default: int, what: str) -> int:
     value = extras.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
@@ -265,12 +276,7 @@ class GaveUpCodec:
         )
 
     def decode(self, data: bytes) -> GaveUpRecord:
-        try:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as exc:
-            raise CodecError(f"dead-letter record: not msgpack ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(obj, dict) or obj.get("kind") != "gave_up":
-            raise CodecError("dead-letter record: not a gave_up record")
+        obj = _record(data, "gave_up", "dead-letter record")
         error = obj.get("error")
         if not (isinstance(error, list) and len(error) == 3 and all(isinstance(x, str) for x in error)):
             raise CodecError("dead-letter record: error must be [type, message, traceback]")
@@ -316,12 +322,7 @@ class HandedBackCodec:
         )
 
     def decode(self, data: bytes) -> HandedBack:
-        try:
-            obj = msgpack.unpackb(data, raw=False, strict_map_key=False)
-        except Exception as exc:
-            raise CodecError(f"hand-back record: not msgpack ({type(exc).__name__}: {exc})") from exc
-        if not isinstance(obj, dict) or obj.get("kind") != "handed_back":
-            raise CodecError("hand-back record: not a handed_back record")
+        obj = _record(data, "handed_back", "hand-back record")
         task_id = obj.get("task_id")
         if not isinstance(task_id, str):
             raise CodecError("hand-back record: task_id must be a str")
