@@ -152,8 +152,7 @@ class _Rebalance:
                 else:
                     self.draft.move(daemon, giver, taker)
                 self.chains.moved(daemon, giver, taker)
-                self.daemons.changed(daemon, giver)
-                self.daemons.changed(daemon, taker)
+                self.daemons.moved(daemon, giver, taker)
             donor, receiver = hops[0][1], hops[-1][2]
             if donor is not None:
                 self.dev[donor] -= 1
