@@ -2,8 +2,9 @@
 
 At 10,000 daemons a plan allocates millions of small objects (the draft's rows, the move heaps,
 the new assignment, the hold times) and keeps hundreds of thousands of them: collections ran
-inside the plan (a third of its CPU), and the first young pass after it walked every survivor,
-200-700 ms on a loaded machine, just when the new job's assignments were being written.
+inside the plan (a quarter to a third of its CPU), and the first young pass after it walked
+every survivor, 100-400 ms on a loaded machine, just when the new job's assignments were being
+written.
 :class:`GcPause` turns the collector off for the block and then *freezes* what is alive
 (``gc.freeze``: O(1), the tracked objects move to a generation no pass walks). Objects still die
 by reference count as before; only garbage in reference cycles among frozen objects waits for
