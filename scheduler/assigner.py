@@ -27,6 +27,7 @@ from truba.scheduler.counters import DaemonJobStats, JobCounters
 from truba.scheduler.drain_estimates import ReportedEnds
 from truba.scheduler.errors import FailedPrecondition, NotFound
 from truba.scheduler.events import EventKind, JobEvents
+from truba.scheduler.gc_pause import GcPause
 from truba.scheduler.heartbeat_budget import interval_for
 from truba.scheduler.model import Job, JobState, Preemption
 from truba.scheduler.plan_observer import PlanObserver, effective_demand, observe_revocations
@@ -68,6 +69,8 @@ class Assigner:
         clock: monotonic time, injectable for tests.
         first_version: the version counter's start; defaults to the wall clock in ms.
         observer: told about each plan (its time, the slots it took from jobs, pushes).
+        gc_pause: wraps each plan and its pushes (no collection inside, what it keeps frozen
+            after: :mod:`~truba.scheduler.gc_pause`); None: the collector as it is.
     """
 
     def __init__(
@@ -84,8 +87,10 @@ class Assigner:
         policy: Policy | None = None,
         event_delay: float = REPLAN_DELAY,
         observer: PlanObserver | None = None,
+        gc_pause: GcPause | None = None,
     ) -> None:
         self.event_delay = event_delay
+        self._gc_pause = gc_pause
         self._observer = observer
         self._policy = policy or SCHEDULER_POLICY
         self._registry = registry
@@ -312,6 +317,13 @@ class Assigner:
 
     def replan(self) -> None:
         """Plans again and pushes a new assignment to every daemon whose share changed."""
+        if self._gc_pause is None:
+            self._replan()
+            return
+        with self._gc_pause:
+            self._replan()
+
+    def _replan(self) -> None:
         began = time.perf_counter()
         if self._soon is not None:
             self._soon.cancel()

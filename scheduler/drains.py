@@ -44,6 +44,9 @@ class Drains:
         self._ends = ends
         self._now = now
         self.known = ends is not None
+        self._seen: dict[tuple[str, str], Sequence[float]] = {}
+        """The ends read so far (a plan asks for the same pair again and again; reading one
+        from the daemons' heartbeats is several calls)."""
 
     def running(self, daemon: str, job: str) -> int:
         """Tasks of ``job`` running on ``daemon`` as far as the ends say (0 when unknown)."""
@@ -57,7 +60,10 @@ class Drains:
         the longer past), :data:`IDLE` for an idle slot, 0 for all when ends are unknown."""
         if self._ends is None:
             return 0
-        ends = self._ends.get((daemon, job), ())
+        key = (daemon, job)
+        ends = self._seen.get(key)
+        if ends is None:
+            ends = self._seen[key] = self._ends.get(key, ())
         draining = len(ends) - held
         if draining < 0:
             return IDLE

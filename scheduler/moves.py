@@ -107,7 +107,8 @@ class _Rebalance:
     ) -> None:
         self.draft = draft
         self.drains = drains
-        self.floors = floors
+        self.floor = {j: n for j, n in floors.items() if n > 0}
+        """The floors that can be missed (most jobs have none: 0)."""
         self.ranks = ranks
         self.pools = pools
         self.handler = handler
@@ -116,6 +117,8 @@ class _Rebalance:
         self.deadband = deadband
         self.daemons = DonorDaemons(draft, pools, handler, on_hold, drains)
         self.dev = {j: draft.totals.get(j, 0) - t for j, t in targets.items()}
+        self.key = {j: round(d, KEY_DIGITS) for j, d in self.dev.items()}
+        """Each job's deviation as the heaps order it (rounded: float noise makes no order)."""
         self.receivers: list[tuple[bool, float, int, str]] = []
         self.donors: list[tuple[float, int, str]] = []
         self.blocked = False
@@ -125,17 +128,19 @@ class _Rebalance:
             self._push(job)
 
     def _below_floor(self, job: str) -> bool:
-        return self.draft.totals.get(job, 0) < self.floors.get(job, 0)
+        floor = self.floor.get(job)
+        return floor is not None and self.draft.totals.get(job, 0) < floor
 
-    def _key(self, job: str) -> float:
-        return round(self.dev[job], KEY_DIGITS)
+    def _shift(self, job: str, by: int) -> None:
+        dev = self.dev[job] = self.dev[job] + by
+        self.key[job] = round(dev, KEY_DIGITS)
 
     def _push(self, job: str) -> None:
         dev = self.dev[job]
         if dev < -EPS:
-            heapq.heappush(self.receivers, (not self._below_floor(job), self._key(job), self.ranks[job], job))
+            heapq.heappush(self.receivers, (not self._below_floor(job), self.key[job], self.ranks[job], job))
         elif dev > EPS:
-            heapq.heappush(self.donors, (-self._key(job), -self.ranks[job], job))
+            heapq.heappush(self.donors, (-self.key[job], -self.ranks[job], job))
 
     def run(self, max_moves: int) -> Outcome:
         moves = 0
@@ -152,13 +157,12 @@ class _Rebalance:
                 else:
                     self.draft.move(daemon, giver, taker)
                 self.chains.moved(daemon, giver, taker)
-                self.daemons.changed(daemon, giver)
-                self.daemons.changed(daemon, taker)
+                self.daemons.moved(daemon, giver, taker)
             donor, receiver = hops[0][1], hops[-1][2]
             if donor is not None:
-                self.dev[donor] -= 1
+                self._shift(donor, -1)
                 self._push(donor)
-            self.dev[receiver] += 1
+            self._shift(receiver, 1)
             self._push(receiver)
             # Any move may open a way for a receiver that had none (a new donor, a job holding
             # slots in a new pool): try them again, so a plan's result is a fixed point.
@@ -172,7 +176,7 @@ class _Rebalance:
         while self.receivers:
             entry = self.receivers[0]
             receiver = entry[3]
-            if entry[:2] != (not self._below_floor(receiver), self._key(receiver)) or entry[1] >= -EPS:
+            if entry[:2] != (not self._below_floor(receiver), self.key[receiver]) or entry[1] >= -EPS:
                 heapq.heappop(self.receivers)  # stale: the job's slots changed since
                 continue
             found, stop = self._donor_for(receiver)
@@ -206,12 +210,15 @@ class _Rebalance:
         stop = False
         held_back = False
         floor = self._below_floor(receiver)
-        while self.donors:
-            entry = heapq.heappop(self.donors)
+        # The top donor is looked at in place and popped only to look past it (into ``tried``,
+        # pushed back after): the usual move takes from the top one and pops nothing.
+        donors = self.donors
+        while donors:
+            entry = donors[0]
             donor = entry[2]
-            if -entry[0] != self._key(donor) or entry[0] >= -EPS:
-                continue  # stale
-            tried.append(entry)
+            if -entry[0] != self.key[donor] or entry[0] >= -EPS:
+                heapq.heappop(donors)  # stale
+                continue
             if not self._allowed(receiver, donor):
                 # Donors further down are closer to their share: none passes either. Receivers
                 # further down are closer to theirs, so if this was the top donor, none can.
@@ -223,6 +230,7 @@ class _Rebalance:
             if daemon is not None:
                 found = (daemon, donor)
                 break
+            tried.append(heapq.heappop(donors))
         for entry in tried:
             heapq.heappush(self.donors, entry)
         if found is None and held_back:

@@ -9,6 +9,9 @@ from hypothesis import given, settings
 
 from tests.unit.scheduler.test_planner_properties import Case, anything, saturated
 from truba.scheduler import moves
+from truba.scheduler.donor_daemons import DonorDaemons
+from truba.scheduler.draft import DraftAssignment
+from truba.scheduler.handler_pools import HandlerPools
 from truba.scheduler.planner import Capacity, JobSpec, Policy, plan
 
 
@@ -64,3 +67,30 @@ def test_a_new_job_takes_its_share_of_a_large_busy_cluster_in_one_fast_plan() ->
     assert result.settled and result.moves == 3000
     assert sum(1 for row in result.assignment.values() if "c" in row) == 2000  # spread: one a daemon
     assert took < 2.0, took  # about 0.1 s on a quiet machine
+
+
+def index(x: dict[str, int], y: dict[str, int]) -> tuple[DraftAssignment, DonorDaemons]:
+    jobs = {"d", "r", "o"}
+    draft = DraftAssignment(["x", "y"], {"x": x, "y": y}, lambda _: jobs)
+    pools = HandlerPools([("x", 4, ("*",)), ("y", 4, ("*",))], ["h"])
+    return draft, DonorDaemons(draft, pools, dict.fromkeys(jobs, "h"), lambda _daemon, _job: False)
+
+
+def test_a_daemon_where_the_receiver_gave_a_slot_away_is_picked_at_once() -> None:
+    """The heap only learns of keys that became smaller through ``moved``: here the receiver's."""
+    draft, daemons = index({"d": 2, "r": 1}, {"d": 2})
+    assert daemons.pick("d", "r") == ("y", False)  # (r's 0, d's 2) on y beats (1, 2) on x
+    draft.move("x", "r", "o")
+    daemons.moved("x", "r", "o")
+    assert daemons.pick("d", "r") == ("x", False)  # (0, 2) on x now, and x < y
+
+
+def test_a_daemon_where_the_donor_took_a_slot_is_picked_at_once() -> None:
+    draft, daemons = index({"d": 1, "o": 1}, {"d": 2})
+    assert daemons.pick("d", "r") == ("y", False)  # d's 2 on y beats its 1 on x
+    draft.move("x", "o", "d")
+    daemons.moved("x", "o", "d")
+    assert daemons.pick("d", "r") == ("x", False)
+    draft.move("x", "d", "r")
+    daemons.moved("x", "d", "r")
+    assert daemons.pick("d", "r") == ("y", False)  # x's entry is now too small: put right
