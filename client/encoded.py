@@ -6,7 +6,10 @@ from dataclasses import dataclass
 from typing import final
 
 from truba.pipes.delay import split_due, with_due
-from truba.wire import TaskCodec, TaskMessage
+from truba.wire import TaskCodec, TaskMessage, encode_task
+
+_CODEC = TaskCodec()
+"""Stateless: one for every task (``of`` is on the submit path)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,7 +25,13 @@ class EncodedTask:
 
     @classmethod
     def of(cls, message: TaskMessage) -> EncodedTask:
-        return cls(message.task_id, message.priority, TaskCodec().encode(message), message.not_before)
+        return cls(message.task_id, message.priority, _CODEC.encode(message), message.not_before)
+
+    @classmethod
+    def new(cls, task_id: str, payload: object, priority: int = 0, not_before: float = 0.0) -> EncodedTask:
+        """A new task (no :class:`TaskMessage` made on the way: submit is the hot path)."""
+        data = encode_task(task_id, payload, priority=priority, not_before=not_before)
+        return cls(task_id, priority, data, not_before)
 
 
 @final
@@ -33,7 +42,7 @@ class EncodedTaskCodec:
         return message.data
 
     def decode(self, data: bytes) -> EncodedTask:
-        task = TaskCodec().decode(data)
+        task = _CODEC.decode(data)
         return EncodedTask(task.task_id, task.priority, data, task.not_before)
 
 

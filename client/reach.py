@@ -69,7 +69,8 @@ class Reach:
         self._up: set[str] = set()
         self._outage: float | None = None
         """Since when every broker is down (None: at least one is up, or none was checked)."""
-        self._guards: set[asyncio.Timeout] = set()
+        self._guards: set[BrokerWait] = set()
+        """The broker waits under way (:meth:`bounded`)."""
         self._watchers: collections.Counter[str] = collections.Counter()
         """Loss watches checking each broker."""
 
@@ -221,31 +222,56 @@ class Reach:
 
 @final
 class BrokerWait:
-    """The context manager of :meth:`Reach.bounded`."""
+    """The context manager of :meth:`Reach.bounded`: the wait's task is cancelled (and the
+    cancellation raised as Unavailable) at the outage's deadline, as ``asyncio.timeout`` would,
+    but with no timer and no Timeout object while a broker is up: a submit enters one per task,
+    and an outage is the rare case. :meth:`Reach.broker_down` arms the timer of the waits under
+    way (:meth:`reschedule`), :meth:`Reach.broker_up` disarms it."""
 
-    __slots__ = ("_reach", "_timeout", "_what")
+    __slots__ = ("_cancelling", "_expired", "_handle", "_reach", "_task", "_what")
 
     def __init__(self, reach: Reach, what: str) -> None:
         self._reach = reach
         self._what = what
-        self._timeout: asyncio.Timeout | None = None
+        self._handle: asyncio.Handle | None = None
+        self._expired = False
 
     async def __aenter__(self) -> None:
         reach = self._reach
         reach.check_brokers(self._what)
-        self._timeout = asyncio.timeout(reach._loop_deadline())
-        await self._timeout.__aenter__()
-        reach._guards.add(self._timeout)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("Reach.bounded() must be used inside a task")
+        self._task = task
+        self._cancelling = task.cancelling()
+        if reach._outage is not None:
+            self.reschedule(reach._loop_deadline())
+        reach._guards.add(self)
+
+    def reschedule(self, deadline: float | None) -> None:
+        """Ends the wait at ``deadline`` (loop time; None: not at all), unless it expired already."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if deadline is None or self._expired:
+            return
+        loop = self._task.get_loop()
+        if deadline <= loop.time():
+            self._handle = loop.call_soon(self._expire)
+        else:
+            self._handle = loop.call_at(deadline, self._expire)
+
+    def _expire(self) -> None:
+        self._handle = None
+        self._expired = True
+        self._task.cancel()
 
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        timeout, self._timeout = self._timeout, None
-        assert timeout is not None
-        self._reach._guards.discard(timeout)
-        try:
-            await timeout.__aexit__(exc_type, exc, tb)
-        except TimeoutError:
-            if timeout.expired():
-                raise self._reach._brokers_unavailable(self._what) from None
-            raise
+        self._reach._guards.discard(self)
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        if self._expired and self._task.uncancel() <= self._cancelling and exc_type is asyncio.CancelledError:
+            raise self._reach._brokers_unavailable(self._what) from None

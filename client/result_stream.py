@@ -7,6 +7,11 @@ when the consumer asks for the next one: the journal then forgets its task, and 
 to be acked with a batch. A batch is acked when :data:`ACK_BATCH` outcomes were taken, when no
 more members of a frame are at hand, and when the stream ends; the journal's forget marks are
 written first (a crash in between brings the results back as duplicates, which are dropped). A
+batch acked because nothing more is at hand is acked from a task of its own
+(:meth:`ResultStream._ack_soon`): the wait for the next result, and a task that a submit has
+just handed over to be published, go first (one task at a time, submit then its outcome, does
+not wait for the last outcome's ack before the task is on its way). The stream's end waits for
+that task (:meth:`ResultStream.ack_taken`). A
 consumer that raises or stops at an outcome puts it back: its result is requeued and comes again.
 
 A router (:attr:`ResultStream.route`, :mod:`truba.client.dispatch`) sees every outcome first: one
@@ -109,6 +114,8 @@ class ResultStream:
         """Results the pump read and no router claimed: not taken, the next consumer's first."""
         self._reading = asyncio.Lock()
         """One reader of the result pipe at a time (a consumer and the pump may overlap)."""
+        self._acking: asyncio.Task[None] | None = None
+        """Acks the batches taken meanwhile (:meth:`_ack_soon`); None when none runs."""
 
     def tell(self, arrived: Callable[[str], None], settled: Callable[[str], None]) -> None:
         """From now on, tells ``arrived`` of every outcome that comes and ``settled`` of every
@@ -200,7 +207,7 @@ class ResultStream:
         """The next result, waiting up to :data:`GET_TIMEOUT`. The results taken are acked first
         unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
         if self._taken and not (self._unframe is not None and self._unframe.held):
-            await self.ack_taken()
+            self._ack_soon()
         async with self._reading:
             return await self._results.get(GET_TIMEOUT)
 
@@ -218,15 +225,34 @@ class ResultStream:
         if len(self._taken) >= ACK_BATCH:
             await self.ack_taken()
 
-    async def ack_taken(self) -> None:
+    def _ack_soon(self) -> None:
+        """Acks the outcomes taken from a task of its own, which goes on while more are taken
+        (see the module); one runs at a time."""
+        if self._acking is None:
+            self._acking = asyncio.get_running_loop().create_task(self._ack_batches())
+
+    async def _ack_batches(self) -> None:
+        try:
+            while self._taken:
+                await self._ack_batch()
+        finally:
+            self._acking = None
+
+    async def _ack_batch(self) -> None:
         """Writes the journal's forget marks of the outcomes taken, then acks their results. A
         crash in between brings those results back as duplicates, which are dropped."""
-        if not self._taken:
-            return
         self._journal.flush()
         taken, self._taken = self._taken, []
         for delivery in taken:
             await _ack(delivery)
+
+    async def ack_taken(self) -> None:
+        """Returns once every outcome taken so far has its result acked (or its ack failed: the
+        result then comes again, a duplicate). A cancelled wait leaves the acks under way."""
+        if self._acking is not None:
+            await asyncio.wait((self._acking,))
+        if self._taken:
+            await self._ack_batch()
 
     async def close(self) -> None:
         """Stops consuming (the result pipe closes; deliveries not acked come again)."""
@@ -236,5 +262,7 @@ class ResultStream:
 async def _ack(delivery: Delivery[ResultMessage]) -> None:
     # The result's channel may be gone: the broker then delivers it again, and it is dropped
     # as a duplicate (its task is no longer in the journal).
-    with contextlib.suppress(PipeError):
+    try:
         await delivery.ack()
+    except PipeError:
+        pass

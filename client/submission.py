@@ -44,7 +44,6 @@ from truba.pipes.base import Confirmation, Sender
 from truba.pipes.broker import Broker
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
 from truba.queues import MAX_PRIORITY
-from truba.wire import TaskMessage
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +149,7 @@ class Submission:
         task_id = f"{self._prefix}-{self._next}"
         if trace.enabled:
             trace.mark("client.submit", task_id)
-        task = EncodedTask.of(TaskMessage(task_id, payload, priority=priority or 0, not_before=due))
+        task = EncodedTask.new(task_id, payload, priority or 0, due)
         if len(task.data) > self._max_payload:
             raise MessageTooLarge(
                 f"task {task_id}: {len(task.data)} bytes encoded, over max_payload={self._max_payload}: "

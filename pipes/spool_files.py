@@ -46,7 +46,7 @@ def lock_directory(directory: Path) -> int:
 
 def write_all(fd: int, *parts: bytes) -> None:
     """Appends ``parts`` with one ``writev`` (more only after a short write)."""
-    total = sum(len(part) for part in parts)
+    total = sum(map(len, parts))
     written = os.writev(fd, parts)
     if written < total:  # a short write: usually the disk filling up; the next write says why
         rest = b"".join(parts)[written:]

@@ -161,26 +161,49 @@ def _time(extras: dict[object, object], key: str) -> float:
     return float(value)
 
 
+def encode_task(
+    task_id: str,
+    payload: object,
+    *,
+    attempts: int = 0,
+    priority: int = 0,
+    not_before: float = 0.0,
+    expires: float = 0.0,
+    copy_id: int = 0,
+) -> bytes:
+    """The bytes of ``TaskMessage(task_id, payload, ...)`` (see :class:`TaskCodec`), without the
+    message object: the client's submit encodes each task once, straight from its fields."""
+    fields: list[object] = [FORMAT, task_id, payload]
+    extras: dict[str, object] = {}
+    if attempts:
+        extras["attempts"] = attempts
+    if priority:
+        extras["priority"] = priority
+    if not_before:
+        extras["not_before"] = not_before
+    if expires:
+        extras["expires"] = expires
+    if copy_id:
+        extras["copy_id"] = copy_id
+    if extras:
+        fields.append(extras)
+    return _pack(fields, f"task {task_id} payload")
+
+
 class TaskCodec:
     """``TaskMessage`` <-> ``[1, task_id, payload]`` (+ ``{"attempts": n, "priority": p,
     "not_before": t, "expires": t, "copy_id": c}``, each when not 0)."""
 
     def encode(self, message: TaskMessage) -> bytes:
-        fields: list[object] = [FORMAT, message.task_id, message.payload]
-        extras: dict[str, object] = {}
-        if message.attempts:
-            extras["attempts"] = message.attempts
-        if message.priority:
-            extras["priority"] = message.priority
-        if message.not_before:
-            extras["not_before"] = message.not_before
-        if message.expires:
-            extras["expires"] = message.expires
-        if message.copy_id:
-            extras["copy_id"] = message.copy_id
-        if extras:
-            fields.append(extras)
-        return _pack(fields, f"task {message.task_id} payload")
+        return encode_task(
+            message.task_id,
+            message.payload,
+            attempts=message.attempts,
+            priority=message.priority,
+            not_before=message.not_before,
+            expires=message.expires,
+            copy_id=message.copy_id,
+        )
 
     def decode(self, data: bytes) -> TaskMessage:
         obj = _unpack(data, "task")

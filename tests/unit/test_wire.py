@@ -14,6 +14,7 @@ from truba.wire import (
     ResultMessage,
     TaskCodec,
     TaskMessage,
+    encode_task,
 )
 
 values = st.recursive(
@@ -138,3 +139,25 @@ def test_a_task_priority_travels_in_the_extras_and_defaults_to_zero() -> None:
     plain = TaskMessage("t", [1])
     assert codec.decode(codec.encode(plain)).priority == 0
     assert len(codec.encode(plain)) < len(codec.encode(TaskMessage("t", [1], priority=1)))
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        TaskMessage("t-1", None),
+        TaskMessage("t-2", {"x": [1, 2]}, priority=3),
+        TaskMessage("t-3", b"raw", attempts=2, priority=9, not_before=1.5, expires=9.25, copy_id=77),
+    ],
+)
+def test_encode_task_gives_the_bytes_of_the_task_codec(message: TaskMessage) -> None:
+    data = encode_task(
+        message.task_id,
+        message.payload,
+        attempts=message.attempts,
+        priority=message.priority,
+        not_before=message.not_before,
+        expires=message.expires,
+        copy_id=message.copy_id,
+    )
+    assert data == TaskCodec().encode(message)
+    assert TaskCodec().decode(data) == message

@@ -158,3 +158,42 @@ async def test_a_listing_asks_an_unreachable_scheduler_once() -> None:
         with pytest.raises(Unavailable):
             await client.list_jobs()
     assert scheduler.calls.count("ListJobs") == 1
+
+
+async def test_a_broker_wait_ends_with_unavailable_when_an_outage_begun_under_it_lasts() -> None:
+    reach = Reach(0.05)
+    reach.broker_up("amqp://b0")
+    began = asyncio.get_running_loop().time()
+    with pytest.raises(Unavailable, match="submit"):
+        async with reach.bounded("submit"):
+            reach.broker_down("amqp://b0", ConnectionError("stopped"))  # while the wait is under way
+            await asyncio.sleep(30)
+    assert asyncio.get_running_loop().time() - began < 20  # the patience ended it, not the sleep
+    assert not reach._guards  # nothing left armed
+
+
+async def test_a_broker_wait_goes_on_when_the_outage_ends_in_time() -> None:
+    reach = Reach(0.05)
+    reach.broker_down("amqp://b0", ConnectionError("stopped"))
+    async with reach.bounded("submit"):  # armed on entry: the outage is under way
+        reach.broker_up("amqp://b0")  # disarmed
+        await asyncio.sleep(0.1)  # longer than the patience
+    assert not reach._guards
+
+
+async def test_a_broker_wait_lets_its_own_timeouts_and_cancellations_through() -> None:
+    reach = Reach(30.0)
+    with pytest.raises(TimeoutError):
+        async with reach.bounded("submit"):
+            raise TimeoutError("the body's own")
+    task = asyncio.create_task(_wait_bounded(reach))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not reach._guards
+
+
+async def _wait_bounded(reach: Reach) -> None:
+    async with reach.bounded("submit"):
+        await asyncio.sleep(30)

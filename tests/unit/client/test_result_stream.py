@@ -3,6 +3,7 @@ hand (at most ACK_BATCH), at once otherwise; the job finished once every outcome
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 
@@ -107,6 +108,24 @@ async def test_lone_results_are_acked_before_the_next_wait() -> None:
     assert fake.acked == [result("a")] and journal.flushes == [(1, 0)]
     assert [outcome async for outcome in outcomes] == []
     assert fake.acked == [result("a"), result("b")] and journal.flushes == [(1, 0), (2, 1)]
+
+
+async def test_the_last_outcome_is_acked_after_what_already_waits_for_the_event_loop() -> None:
+    # One task at a time (submit, then its outcome): the submit hands its task to a publish task
+    # of the broker leaf; asking for the outcome then must not ack the last one before that
+    # task is on its way (the ack runs from a task of its own, after what already waits).
+    fake, journal, stream, _ = await rig(["a", "b"])
+    fake.push(result("a"))
+    outcomes = stream.outcomes()
+    assert (await anext(outcomes)).task_id == "a"
+    acked_when_published: list[int] = []
+    asyncio.get_running_loop().call_soon(lambda: acked_when_published.append(len(fake.acked)))
+    fake.push(result("b"))
+    assert (await anext(outcomes)).task_id == "b"
+    assert acked_when_published == [0]
+    assert fake.acked == [result("a")] and journal.flushes == [(1, 0)]  # acked meanwhile, marks first
+    assert [outcome async for outcome in outcomes] == []
+    assert fake.acked == [result("a"), result("b")]
 
 
 async def test_a_result_whose_task_has_its_outcome_is_dropped_and_acked() -> None:
