@@ -46,7 +46,7 @@ class Verdict(enum.Enum):
     """Every attempt is spent: publish the give-up, keep the task in the dead-letter queue."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Admission:
     """What to do with one delivery, and the attempts it has spent."""
 

@@ -58,6 +58,11 @@ class Crew:
     def staying(self) -> int:
         return sum(1 for w in self.workers if not w.leaving)
 
+    def _over(self) -> bool:
+        """More workers stay than the target (counted only when there are more workers than
+        that: asked a few times per task, and counting them is the costly part)."""
+        return len(self.workers) > self.target and self.staying > self.target
+
     def broke(self, exc: PipeError) -> None:
         """Notes the first pipe error: every worker leaves at its next turn."""
         if self.failure is None:
@@ -65,13 +70,13 @@ class Crew:
 
     def going(self, worker: Worker) -> bool:
         """The worker will leave at its next turn (see leaves, which also marks it)."""
-        return worker.leaving or self.closing or self.failure is not None or self.staying > self.target
+        return worker.leaving or self.closing or self.failure is not None or self._over()
 
     def leaves(self, worker: Worker) -> bool:
         """Whether the worker leaves now; one over the target is marked leaving."""
         if worker.leaving or self.closing or self.failure is not None:
             return True
-        if self.staying > self.target:
+        if self._over():
             worker.leaving = True
             return True
         return False

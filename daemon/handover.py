@@ -94,11 +94,18 @@ async def next_reply(
     """How the next task of a chunk ended: its reply if the slot sent it already (taken at
     once, even if an interrupt came meanwhile: finished work is kept), else what the watch
     over the wait for it says."""
-    reply = slot.reply_at_hand()
-    if reply is not None:
-        return AttemptEnd(Ending.REPLIED, reply.seconds, reply)
+    end = reply_at_hand(slot)
+    if end is not None:
+        return end
     end, reply = await supervised(slot, slot.reply(task.task_id), limits, interrupt)
     return AttemptEnd(end.ending, end.seconds, reply, end.error)
+
+
+def reply_at_hand(slot: SlotProcess) -> AttemptEnd | None:
+    """How the next task of a chunk ended if its reply is here already (else None: wait for it
+    with :func:`next_reply`)."""
+    reply = slot.reply_at_hand()
+    return None if reply is None else AttemptEnd(Ending.REPLIED, reply.seconds, reply)
 
 
 @final

@@ -30,7 +30,7 @@ class SlotDied(Exception):
     """The slot process exited while running a task."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SlotReply:
     """What a slot reports for one task."""
 

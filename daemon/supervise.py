@@ -40,7 +40,7 @@ class Ending(enum.Enum):
     """Stopped on purpose (preemption, stop): not spent."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AttemptEnd:
     """How an attempt ended; ``reply`` for REPLIED, ``error`` for the endings that spend it."""
 

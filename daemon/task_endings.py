@@ -161,14 +161,15 @@ class TaskEndings:
             for confirmation in end.confirmations:
                 await confirmation
         except PipeError as exc:
-            context.run(log.warning, "daemon.task.unconfirmed", extra={"what": what, "error": repr(exc)})
-            context.run(self.events.settled, task_id, what, acked=False)
+            fields = {"task_id": task_id, "what": what, "error": repr(exc)}
+            context.run(log.warning, "daemon.task.unconfirmed", extra=fields)
+            self.events.settled(task_id, what, acked=False, context=context)
             await self._open.wait()
             await settle(delivery.reject(requeue=True))
             if exc.retryable:
                 self.on_broken(exc)
             return
-        context.run(self.events.confirmed, task_id, what, time.perf_counter() - started)
+        self.events.confirmed(task_id, what, time.perf_counter() - started, context)
         if ok is True:
             self.stats.done += 1
         elif ok is False:
@@ -178,7 +179,7 @@ class TaskEndings:
         if not self._open.is_set():  # held (the common case is not: no coroutine for it then)
             await self._open.wait()
         await settle(delivery.ack())
-        context.run(self.events.settled, task_id, what, acked=True)
+        self.events.settled(task_id, what, acked=True, context=context)
 
     async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
         """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""
@@ -193,7 +194,7 @@ class TaskEndings:
         return True
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _End:
     """One end awaiting its confirms, then its ack."""
 

@@ -28,9 +28,11 @@ are always on.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 import zlib
+from collections.abc import Callable
 from typing import Final, final
 
 from truba.daemon.handover import Admitted
@@ -56,8 +58,15 @@ RESTART_REASONS: Final = {
 }
 """Why a slot was started afresh, by how the attempt on it ended (a reply keeps the slot)."""
 
-Event = tuple[str, float, dict[str, object]]
-"""A buffered event: its name, when (Unix seconds), its fields."""
+Event = tuple[str, float, tuple[str, ...], tuple[object, ...]]
+"""A buffered event: its name, when (Unix seconds), its fields' names and values (the record's
+fields are built only if it is written: most lives are dropped)."""
+
+RECEIVED: Final = ("redelivered", "attempts")
+STARTED: Final = ("attempt", "pid", "handed")
+ENDED: Final = ("how", "seconds", "attempt")
+CONFIRMED: Final = ("what", "confirm_seconds")
+SETTLED: Final = ("what",)
 
 
 def sampled(task_id: str) -> bool:
@@ -73,14 +82,20 @@ class _Life:
 
     __slots__ = ("events", "keep")
 
-    def __init__(self) -> None:
-        self.events: list[Event] = []
-        self.keep = False
+    def __init__(self, event: Event, keep: bool) -> None:
+        self.events: list[Event] = [event]
+        self.keep = keep
 
 
 @final
 class TaskEvents:
-    """Logs each task's life and updates its job's metrics; see the module docstring."""
+    """Logs each task's life and updates its job's metrics; see the module docstring.
+
+    Each event names its task (``task_id`` among its fields): a task's ids need not be bound
+    where its events are told. The other ids (the slot, the job) come from the log context: a
+    task's last events are told by the acker, in the context its end was published in (see
+    :meth:`confirmed` and :meth:`settled`).
+    """
 
     def __init__(self, meter: JobMeter | None = None) -> None:
         self.meter = meter
@@ -89,59 +104,71 @@ class TaskEvents:
     # -- the life --------------------------------------------------------------------------------
 
     def received(self, task_id: str, redelivered: bool, attempts: int) -> None:
-        """A worker took the task's delivery (its id is bound)."""
-        self._tell(task_id, "daemon.task.received", {"redelivered": redelivered, "attempts": attempts})
+        """A worker took the task's delivery."""
+        self._tell(task_id, "daemon.task.received", RECEIVED, (redelivered, attempts))
 
     def started(self, slot: SlotProcess, admitted: list[Admitted]) -> None:
-        """The admitted tasks were handed to ``slot`` (a lone task's id is bound already)."""
+        """The admitted tasks were handed to ``slot``."""
         if not log.isEnabledFor(logging.INFO):
             return
-        handed = len(admitted)
+        handed, pid = len(admitted), slot.pid
         for delivery, spent in admitted:
-            task_id = delivery.message.task_id
-            fields: dict[str, object] = {"attempt": spent + 1, "pid": slot.pid, "handed": handed}
-            if handed > 1:
-                fields["task_id"] = task_id
-            self._tell(task_id, "daemon.task.started", fields)
+            self._tell(delivery.message.task_id, "daemon.task.started", STARTED, (spent + 1, pid, handed))
 
     def ended(self, task_id: str, how: str, seconds: float, attempt: int) -> None:
         """The task's attempt ended ``how`` (an outcome) after ``seconds`` on its slot."""
         if self.meter is not None:
             self.meter.ended(how, seconds)
-        fields: dict[str, object] = {"how": how, "seconds": round(seconds, 6), "attempt": attempt}
-        self._tell(task_id, "daemon.task.ended", fields, keep=how != "ok" or seconds >= LONG_ATTEMPT)
+        keep = how != "ok" or seconds >= LONG_ATTEMPT
+        self._tell(task_id, "daemon.task.ended", ENDED, (how, seconds, attempt), keep)
 
-    def confirmed(self, task_id: str, what: str, seconds: float) -> None:
-        """What was published for the task was confirmed (call in the task's log context)."""
-        fields: dict[str, object] = {"what": what, "confirm_seconds": round(seconds, 6)}
-        self._tell(task_id, "daemon.task.confirmed", fields, keep=what != "result")
+    def confirmed(
+        self, task_id: str, what: str, seconds: float, context: contextvars.Context | None = None
+    ) -> None:
+        """What was published for the task was confirmed; ``context``: the log context its end
+        was published in (at debug the event is written in it)."""
+        fields = (what, seconds)
+        life = self._lives.get(task_id)
+        if life is not None:  # buffered (info): the common case, kept short
+            life.events.append(("daemon.task.confirmed", time.time(), CONFIRMED, fields))
+            if what != "result":
+                life.keep = True
+        else:
+            _in(context, self._tell, task_id, "daemon.task.confirmed", CONFIRMED, fields, what != "result")
 
-    def settled(self, task_id: str, what: str, *, acked: bool) -> None:
+    def settled(
+        self, task_id: str, what: str, *, acked: bool, context: contextvars.Context | None = None
+    ) -> None:
         """The task's delivery was acked (or rejected): its life here is over, and at info it is
-        written now if it is to be kept or sampled (call in the task's log context)."""
+        written now (in ``context``, as :meth:`confirmed`) if it is to be kept or sampled."""
         event = "daemon.task.acked" if acked else "daemon.task.rejected"
-        self._tell(task_id, event, {"what": what}, keep=not acked)
         life = self._lives.pop(task_id, None)
-        if life is not None and (life.keep or sampled(task_id)):
-            for name, at, fields in life.events:
-                record = log.makeRecord(log.name, logging.INFO, __file__, 0, name, (), None, extra=fields)
-                record.created, record.msecs = at, (at - int(at)) * 1000
-                log.handle(record)
+        if life is None:  # not buffered: at debug it is written now, at info it is a life of its own
+            if log.isEnabledFor(logging.DEBUG):
+                _in(context, _debug, event, _fields(task_id, SETTLED, (what,)))
+                return
+            if not log.isEnabledFor(logging.INFO):
+                return
+            life = _Life((event, time.time(), SETTLED, (what,)), False)
+        else:
+            life.events.append((event, time.time(), SETTLED, (what,)))
+        if life.keep or not acked or sampled(task_id):  # else a short ok life, dropped
+            _in(context, _write, task_id, life.events)
 
-    def _tell(self, task_id: str, event: str, fields: dict[str, object], *, keep: bool = False) -> None:
+    def _tell(
+        self, task_id: str, event: str, names: tuple[str, ...], values: tuple[object, ...], keep: bool = False
+    ) -> None:
         life = self._lives.get(task_id)
         if life is not None:  # buffered since its first event (info): the common case, kept short
-            life.events.append((event, time.time(), fields))
+            life.events.append((event, time.time(), names, values))
             if keep:
                 life.keep = True
         elif log.isEnabledFor(logging.DEBUG):
-            log.debug(event, extra=fields)
+            log.debug(event, extra=_fields(task_id, names, values))
         elif log.isEnabledFor(logging.INFO):
             if len(self._lives) >= LIVES_KEPT:
                 del self._lives[next(iter(self._lives))]
-            life = self._lives[task_id] = _Life()
-            life.events.append((event, time.time(), fields))
-            life.keep = keep
+            self._lives[task_id] = _Life((event, time.time(), names, values), keep)
 
     # -- the metrics alone -------------------------------------------------------------------------
 
@@ -159,3 +186,33 @@ class TaskEvents:
         """The slot was replaced after its tasks replied (``max_tasks`` or ``soft_memory``)."""
         if self.meter is not None:
             self.meter.slot_recycled(reason)
+
+
+def _in(context: contextvars.Context | None, call: Callable[..., None], *args: object) -> None:
+    """``call(*args)`` in ``context`` (None: the current one)."""
+    if context is None:
+        call(*args)
+    else:
+        context.run(call, *args)
+
+
+def _debug(event: str, fields: dict[str, object]) -> None:
+    log.debug(event, extra=fields)
+
+
+def _fields(task_id: str, names: tuple[str, ...], values: tuple[object, ...]) -> dict[str, object]:
+    """An event's fields as a record carries them (seconds rounded to the microsecond)."""
+    fields: dict[str, object] = {"task_id": task_id}
+    for name, value in zip(names, values, strict=True):
+        fields[name] = round(value, 6) if isinstance(value, float) else value
+    return fields
+
+
+def _write(task_id: str, events: list[Event]) -> None:
+    """Writes a buffered life at info, each event with the time it happened."""
+    for name, at, names, values in events:
+        record = log.makeRecord(
+            log.name, logging.INFO, __file__, 0, name, (), None, extra=_fields(task_id, names, values)
+        )
+        record.created, record.msecs = at, (at - int(at)) * 1000
+        log.handle(record)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -12,6 +13,8 @@ from truba.daemon.intake import CHUNK
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.slot_process import SlotProcess
+from truba.daemon.task_events import sampled
+from truba.logs import ContextFilter
 from truba.pipes.base import Confirmation
 from truba.pipes.frame import FrameLimits, FrameListener, pack
 from truba.pipes.serialize import DeserializeListener
@@ -157,3 +160,45 @@ async def test_a_slot_dying_mid_chunk_spends_the_running_task_and_returns_the_re
     # t2 killed its slot: one attempt spent; t3..t5 never started: unspent.
     assert back == {"t2": 1, "t3": 0, "t4": 0, "t5": 0}
     await eventually(lambda: frame in rig.wire.acked)
+
+
+async def test_the_lives_of_a_chunk_s_tasks_are_written_with_their_own_ids(
+    framed: list[Framed], caplog: pytest.LogCaptureFixture
+) -> None:
+    # A chunk's tasks are not bound to the log context one by one (it cost W1 a microsecond a
+    # task): each written life, and each warning about one of them, must still name its task.
+    assert sampled("ok-32") and not sampled("ok-1")
+    rig = Framed(slots=1, handler="tests.handlers.basic:behave")
+    framed.append(rig)
+    sizes = _count_sends(rig.slots[0])
+    caplog.handler.addFilter(ContextFilter())
+    with caplog.at_level(logging.INFO, logger="truba.daemon"):
+        rig.push_frame(TaskMessage("warm", ["ok", 0]))  # one short task: the runner learns they are
+        await eventually(lambda: len(rig.results.sent) == 1, timeout=10)
+        rig.push_frame(
+            TaskMessage("ok-1", ["ok", 1]),
+            TaskMessage("ok-32", ["ok", 2]),  # sampled
+            TaskMessage("bad", ["raise", "no"]),  # failed
+            TaskMessage("gone", ["exit", 3]),  # its slot died: put back, one attempt spent
+            TaskMessage("after", ["ok", 4]),  # never started: put back
+        )
+        acked = ("daemon.task.acked",)
+        await eventually(
+            lambda: {r.task_id for r in caplog.records if r.message in acked} >= {"ok-32", "bad", "gone"},  # type: ignore[attr-defined]
+            timeout=10,
+        )
+    assert sizes == [5]  # all five handed over in one write
+
+    def told(task_id: str) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if getattr(r, "task_id", None) == task_id]
+
+    life = ["daemon.task.received", "daemon.task.started", "daemon.task.ended", "daemon.task.confirmed"]
+    life.append("daemon.task.acked")
+    assert told("ok-1") == []  # a short ok task not sampled: nothing written
+    for task_id in ("ok-32", "bad"):
+        assert [r.message for r in told(task_id)] == life, task_id
+    gone = told("gone")
+    assert "daemon.task.slot_died" in [r.message for r in gone]
+    assert [r.message for r in gone if r.message in life] == life
+    for record in told("ok-32") + told("bad") + gone:
+        assert (vars(record)["job_id"], vars(record)["slot"]) == ("j1", 0), record.message
