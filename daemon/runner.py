@@ -25,7 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from truba import trace
 from truba.daemon.crew import Crew, Worker
@@ -208,13 +208,42 @@ class JobRunner:
         await self.intake.stop_watching()
         self.crew.wake_idle()
         if self.crew.workers:
-            await asyncio.gather(*self.crew.workers.values(), return_exceptions=True)
-        await self.returns.put_back_done()
-        await self.returns.hand_back_unstarted()
+            await self._unless_stuck(
+                "workers", asyncio.gather(*self.crew.workers.values(), return_exceptions=True)
+            )
+        await self._unless_stuck("put_back", self.returns.put_back_done())
+        await self._unless_stuck("hand_back", self.returns.hand_back_unstarted())
         if not await self._settled():
             log.warning("daemon.job.unconfirmed_on_close", extra={"job_id": self.job_id})
         await self.pipes.close()
         log.info("daemon.job.closed", extra={"job_id": self.job_id, "stats": dataclasses.asdict(self.stats)})
+
+    async def _unless_stuck(self, step: str, awaitable: Awaitable[object]) -> None:
+        """Awaits a step of :meth:`close`; once stopping now, for at most ``stop_timeout`` more.
+
+        A step still waiting then (a result or a put-back retried while every broker is down)
+        is cancelled and logged: its deliveries stay unacked, so the broker redelivers them, and
+        the daemon exits instead of waiting for brokers that may not come back.
+        """
+        task = asyncio.ensure_future(awaitable)
+        stopping_since: float | None = None
+        try:
+            while not (await asyncio.wait({task}, timeout=0.25))[0]:
+                if not self.crew.now:
+                    continue
+                stopping_since = stopping_since or time.monotonic()
+                if time.monotonic() - stopping_since > self.stop_timeout:
+                    log.warning(
+                        "daemon.job.stuck_on_close",
+                        extra={"job_id": self.job_id, "step": step, "stop_timeout": self.stop_timeout},
+                    )
+                    task.cancel()
+                    await asyncio.wait({task}, timeout=1.0)
+                    return
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        await task
 
     async def _settled(self) -> bool:
         """Waits for every end in flight; bounded by ``stop_timeout`` once stopping now."""

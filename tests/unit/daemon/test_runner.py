@@ -15,6 +15,7 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.slot_process import SlotProcess
+from truba.pipes.base import Confirmation
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskCodec, TaskMessage
 
@@ -284,3 +285,42 @@ async def test_closing_hands_back_unstarted_deliveries_unspent_when_the_listener
     # Each goes back as a new copy of itself (see test_hand_back_record for the hand-back record).
     assert uncopied(requeue.sent) == [TaskMessage("held-1", 1), TaskMessage("held-2", 2, attempts=1)]
     assert tasks.acked == [TaskMessage("held-1", 1), TaskMessage("held-2", 2, attempts=1)] and tasks.closed
+
+
+class StuckSender(FakeSender[ResultMessage]):
+    """A results pipe that never takes a message: a retry layer with every broker down."""
+
+    async def send(self, message: ResultMessage) -> Confirmation:
+        self.sent.append(message)
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_stop_now_closes_within_its_bound_while_a_result_cannot_be_sent() -> None:
+    """A daemon stopped now with its brokers gone (a result retried forever) still exits: the
+    worker sending is given up after ``stop_timeout`` and its task left unacked (the broker
+    redelivers it), instead of the daemon waiting for brokers that may never return."""
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results = StuckSender()
+    requeue: FakeSender[TaskMessage] = FakeSender(auto_confirm=True)
+    dead: FakeSender[GaveUpRecord] = FakeSender(auto_confirm=True)
+    slot = SlotProcess(0)
+    runner = JobRunner(
+        "j1",
+        "tests.handlers.basic:square",
+        "d1",
+        JobPipes(tasks, results, requeue, dead),
+        print,
+        target=1,
+        stop_timeout=0.5,
+    )
+    runner.add_worker(slot)
+    try:
+        tasks.push(TaskMessage("t1", 3))
+        await eventually(lambda: results.sent)
+        runner.stop_now()
+        async with asyncio.timeout(10):  # closing never returned before (stop_timeout is 0.5)
+            await runner.close()
+        assert tasks.acked == [] and tasks.closed  # left for the broker to redeliver
+    finally:
+        await slot.stop()
