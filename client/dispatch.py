@@ -53,7 +53,7 @@ class Dispatch:
         """Further routers (the groups), asked after the calls."""
         self.waiting: Callable[[], bool] = lambda: False
         """The further routers wait for outcomes (the pump must run for them)."""
-        self._pump: asyncio.Task[None] | None = None
+        self._pump: asyncio.Task[bool] | None = None
         self._drained: list[DrainedCallback] = []
         self._drained_at = 0
         """Tasks recorded when the job last drained: it drains again only after more."""
@@ -88,18 +88,29 @@ class Dispatch:
         return bool(self._calls) or self.waiting()
 
     def pump(self) -> None:
-        """Runs the stream for the calls and groups waiting, unless it runs or nobody waits."""
+        """Runs the stream for the calls and groups waiting, unless it runs, a consumer iterates
+        (it routes; when the last one stops, the stream calls this again) or nobody waits."""
         if self._pump is not None and not self._pump.done():
             return
-        if not self._wanted() or self._status.cancelled:
+        if not self._wanted() or self._status.cancelled or self._stream.consumers:
             return
         self._pump = asyncio.create_task(self._run_pump(), name=f"dispatch-{self._job_id}")
+        self._pump.add_done_callback(self._pump_ended)
 
-    async def _run_pump(self) -> None:
+    def _pump_ended(self, pump: asyncio.Task[bool]) -> None:
+        """A call or group that came while the pump was ending (nobody waited, and it was acking
+        the last outcomes) found it still running: run it again for them."""
+        if not pump.cancelled() and pump.exception() is None and pump.result():
+            self.pump()
+
+    async def _run_pump(self) -> bool:
+        """Runs the stream as the pump; True if it ended because nobody waited (or a consumer
+        took over), False if it failed (the calls waiting failed with it)."""
         stream = self._stream.outcomes(pump=self._wanted)
         try:
             async for _ in stream:  # the pump yields nothing: what it does not route it parks
                 pass
+            return True
         except Exception as exc:  # the job detached here (PipeClosed), or the cluster is away
             level = logging.INFO if isinstance(exc, PipeClosed) else logging.WARNING
             log.log(level, "client.dispatch.pump_failed", extra={"job_id": self._job_id, "error": repr(exc)})
@@ -107,6 +118,7 @@ class Dispatch:
             for future in calls.values():
                 if not future.done():
                     future.set_exception(exc)
+            return False
         finally:
             await stream.aclose()
 

@@ -117,6 +117,11 @@ class ResultStream:
         self._acking: asyncio.Task[None] | None = None
         """Acks the batches taken meanwhile (:meth:`_ack_soon`); None when none runs."""
 
+    @property
+    def consumers(self) -> int:
+        """Consumers iterating now (the pump not counted)."""
+        return self._consumers
+
     def tell(self, arrived: Callable[[str], None], settled: Callable[[str], None]) -> None:
         """From now on, tells ``arrived`` of every outcome that comes and ``settled`` of every
         one taken (a job's keyed tasks: :mod:`truba.client.key_order`)."""

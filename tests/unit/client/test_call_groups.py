@@ -13,7 +13,16 @@ import pytest
 
 from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
 from tests.unit.client.test_client_job import collect, serve
-from truba.client import CallTimeout, Client, GroupClosed, Job, Outcome, TaskCancelled, TaskFailed
+from truba.client import (
+    CallTimeout,
+    Client,
+    GroupClosed,
+    Job,
+    Outcome,
+    TaskCancelled,
+    TaskFailed,
+    result_stream,
+)
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 
@@ -257,3 +266,23 @@ async def test_a_group_outcome_that_comes_again_after_a_crash_is_not_given_to_re
         await resumed.close()
         assert await collect(resumed.results()) == []  # taken by the group, not given out twice
         assert resumed.ended
+
+
+async def test_a_call_made_while_the_pump_acks_its_last_outcome_still_gets_its_own(
+    scheduler: FakeScheduler, client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A call made while the pump, with nobody waiting any more, was still acking the outcome of
+    the call before (a slow broker) found the pump running, and nothing read its outcome: it
+    timed out (a CI run: ``call(-1)`` right after 1,000 concurrent calls). The pump now runs
+    again when it ends and a call waits."""
+    original = result_stream._ack
+
+    async def slow_ack(delivery: Any) -> None:
+        await asyncio.sleep(0.05)
+        await original(delivery)
+
+    monkeypatch.setattr(result_stream, "_ack", slow_ack)
+    job = await client.create_job("h:f", frames=False)
+    async with serving(scheduler, job):
+        values = [await job.call(n, timeout=3) for n in (1, 2, 4, 5, 6)]
+    assert values == [2, 4, 8, 10, 12]
