@@ -175,7 +175,6 @@ class Template:
                 os.close(stdin_w)
                 os.close(stdout_r)
                 raise
-            self.children.add(pid)
         reader = await reply_reader(stdout_r)
         protocol = asyncio.StreamReaderProtocol(asyncio.StreamReader())
         transport, _ = await loop.connect_write_pipe(lambda: protocol, os.fdopen(stdin_w, "wb", 0))
@@ -209,6 +208,9 @@ class Template:
                     break
                 kind, pid, value = MESSAGE.unpack(data)
                 if kind == b"P" and self._forks:
+                    # A child from now on, before its fork() resumes: a retire() in between
+                    # must not close the template under it (its slot would die with it).
+                    self.children.add(pid)
                     self._forks.popleft().set_result(pid)
                 elif kind == b"X":
                     if len(self.codes) >= MAX_CODES:  # of slots nobody waited for (replaced)
@@ -234,6 +236,10 @@ class Template:
             if not future.done():
                 future.set_exception(TemplateDied("the template died"))
         if self._sock is not None:
+            # Unwatched before it is closed: the reader's wait on it would leave the loop holding
+            # its number as watched, and a pidfd opened next under that number (a slot forked
+            # meanwhile) would never be watched: its exit never seen, a kill waited on forever.
+            asyncio.get_running_loop().remove_reader(self._sock.fileno())
             self._sock.close()
             self._sock = None
         process = self._process

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import signal
@@ -163,6 +164,60 @@ async def test_an_idle_slot_lacking_a_newly_preloaded_handler_is_replaced_and_th
         assert slot.pid == second
     finally:
         await slot.stop()
+        await server.close()
+
+
+async def test_a_slot_forked_as_its_template_retires_keeps_the_template_and_its_exit_is_seen() -> None:
+    # Given a fork in flight on a template that is retired (a new handler preloaded by another
+    # slot's launch) after the template answered with the child's pid, before fork() resumed
+    server = ForkServer([SLEEP])
+    try:
+        found = await server._template()
+        assert found is not None
+        old = found
+
+        class RetiredOnAnswer(collections.deque[asyncio.Future[int]]):
+            def append(self, future: asyncio.Future[int]) -> None:
+                future.add_done_callback(lambda _: old.retire())  # runs before fork() resumes
+                super().append(future)
+
+        old._forks = RetiredOnAnswer()
+        slot = await old.fork()
+        # Then the template stays for its slot (it did not close, killing it), and the slot works
+        assert old.alive and slot.returncode is None
+        await asyncio.sleep(0.3)
+        assert slot.returncode is None and not gone(slot.pid)
+        # And once killed, its exit is seen and the template, retired and childless, exits
+        slot.kill()
+        assert await asyncio.wait_for(slot.wait(), 5) == -signal.SIGKILL
+        await eventually(lambda: gone(old.pid or 0), timeout=5)
+    finally:
+        await server.close()
+
+
+async def test_a_template_closed_while_its_reader_waits_leaves_no_stale_watch_on_its_number() -> None:
+    # A template closed by force (not by its last slot's exit) while its reader waits on the
+    # socket: the next file opened under the socket's number must be watched like any other (a
+    # stale watch had hidden a slot's pidfd: its kill waited on forever).
+    server = ForkServer([SLEEP])
+    template = await server._template()
+    assert template is not None and template._sock is not None
+    number = template._sock.fileno()
+    closing = asyncio.create_task(template.close())  # waits for the template to exit meanwhile
+    await asyncio.sleep(0)
+    read, write = os.pipe()
+    try:
+        assert read == number  # the lowest free number: the socket's
+        readable = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.add_reader(read, readable.set)
+        os.write(write, b"x")
+        await asyncio.wait_for(readable.wait(), 2)
+        loop.remove_reader(read)
+        await closing
+    finally:
+        os.close(read)
+        os.close(write)
         await server.close()
 
 
