@@ -35,6 +35,7 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.metrics import JobMeter
 from truba.daemon.returns import CANCEL_QUIET, Returns
 from truba.daemon.settings import JobSettings
+from truba.daemon.shutdown import pending_stacks
 from truba.daemon.slot_process import SlotProcess
 from truba.daemon.spans import JobSpans
 from truba.daemon.stats import JobStats
@@ -213,17 +214,18 @@ class JobRunner:
             )
         await self._unless_stuck("put_back", self.returns.put_back_done())
         await self._unless_stuck("hand_back", self.returns.hand_back_unstarted())
-        if not await self._settled():
-            log.warning("daemon.job.unconfirmed_on_close", extra={"job_id": self.job_id})
+        await self._unless_stuck("confirms", self.ends.wait(0))  # every end in flight
         await self.pipes.close()
         log.info("daemon.job.closed", extra={"job_id": self.job_id, "stats": dataclasses.asdict(self.stats)})
 
-    async def _unless_stuck(self, step: str, awaitable: Awaitable[object]) -> None:
-        """Awaits a step of :meth:`close`; once stopping now, for at most ``stop_timeout`` more.
+    async def _unless_stuck(self, step: str, awaitable: Awaitable[object]) -> bool:
+        """Awaits a step of :meth:`close`; once stopping now, for at most ``stop_timeout`` more;
+        False if it was given up.
 
         A step still waiting then (a result or a put-back retried while every broker is down)
-        is cancelled and logged: its deliveries stay unacked, so the broker redelivers them, and
-        the daemon exits instead of waiting for brokers that may not come back.
+        is cancelled and logged with where every task waits: its deliveries stay unacked, so
+        the broker redelivers them, and the daemon exits instead of waiting for brokers that
+        may not come back.
         """
         task = asyncio.ensure_future(awaitable)
         stopping_since: float | None = None
@@ -235,24 +237,22 @@ class JobRunner:
                 if time.monotonic() - stopping_since > self.stop_timeout:
                     log.warning(
                         "daemon.job.stuck_on_close",
-                        extra={"job_id": self.job_id, "step": step, "stop_timeout": self.stop_timeout},
+                        extra={
+                            "job_id": self.job_id,
+                            "step": step,
+                            "stop_timeout": self.stop_timeout,
+                            "pending": pending_stacks(exclude=task),
+                        },
                     )
                     task.cancel()
                     await asyncio.wait({task}, timeout=1.0)
-                    return
+                    if task.done() and not task.cancelled():
+                        task.exception()  # retrieved (a cancelled gather ends with one): not logged
+                    return False
         except asyncio.CancelledError:
             task.cancel()
             raise
         await task
-
-    async def _settled(self) -> bool:
-        """Waits for every end in flight; bounded by ``stop_timeout`` once stopping now."""
-        stopping_since: float | None = None
-        while not await self.ends.wait(0, 0.25):
-            if self.crew.now:
-                stopping_since = stopping_since or time.monotonic()
-                if time.monotonic() - stopping_since > self.stop_timeout:
-                    return False
         return True
 
     # -- the workers ----------------------------------------------------------------------------

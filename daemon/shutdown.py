@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
+from types import FrameType
 from typing import Final
 
 log = logging.getLogger(__name__)
@@ -20,6 +21,8 @@ STEP_TIMEOUT: Final = 5.0
 """Seconds one shutdown step may take before it is logged and given up."""
 FRAMES_SHOWN: Final = 4
 """Innermost frames shown per pending task when a step is stuck."""
+MAX_DEPTH: Final = 64
+"""Awaited coroutines followed at most, per task."""
 
 
 async def bounded(step: str, awaitable: Awaitable[object], timeout: float | None = None) -> bool:
@@ -43,13 +46,28 @@ async def bounded(step: str, awaitable: Awaitable[object], timeout: float | None
 
 
 def pending_stacks(exclude: asyncio.Future[object] | None = None) -> list[str]:
-    """One line per pending task of the running loop: its name and innermost frames."""
+    """One line per pending task of the running loop: its name and innermost frames (followed
+    down the chain of awaited coroutines: a task's own stack holds its outermost frame only)."""
     current = asyncio.current_task()
     lines = []
     for task in asyncio.all_tasks():
         if task is current or task is exclude or task.done():
             continue
-        frames = task.get_stack()[-FRAMES_SHOWN:]
+        frames = _awaited_frames(task.get_coro())[-FRAMES_SHOWN:]
         where = " < ".join(f"{frame.f_code.co_qualname}:{frame.f_lineno}" for frame in reversed(frames))
         lines.append(f"{task.get_name()}: {where or repr(task.get_coro())}")
     return sorted(lines)
+
+
+def _awaited_frames(awaitable: object) -> list[FrameType]:
+    """The frames of a suspended coroutine and of the coroutines it awaits, outermost first."""
+    frames: list[FrameType] = []
+    seen = 0
+    while awaitable is not None and seen < MAX_DEPTH:
+        frame = getattr(awaitable, "cr_frame", None) or getattr(awaitable, "gi_frame", None)
+        if frame is None:
+            break
+        frames.append(frame)
+        awaitable = getattr(awaitable, "cr_await", None) or getattr(awaitable, "gi_yieldfrom", None)
+        seen += 1
+    return frames
