@@ -10,6 +10,8 @@ their length:
 - describe: ``[handler]`` in, ``[max_size, max_wait]`` out for a batch handler (see
   :mod:`truba.handlers`), ``None`` for any other or one that cannot be imported (its tasks then
   report the import error, one by one, as before);
+- ping: ``[]`` in, ``[]`` out (the daemon's :meth:`~truba.daemon.slot_process.SlotProcess.warm`:
+  the slot is up);
 - a batch: ``[handler, [[task_id, payload], ...]]`` in, ``[reply, ...]`` out, one single-task
   reply per task, in order. The handler is called once with the list of payloads; if it raises
   or returns the wrong number of results, every task of the batch gets that error.
@@ -35,6 +37,8 @@ HEADER: Final = struct.Struct(">I")
 LARGE_FRAME: Final = 64 * 1024
 """A frame at least this long is written after its header, not copied behind it."""
 PR_SET_PDEATHSIG: Final = 1
+PING_REQUEST: Final = codec.packb([])
+"""A ping's request frame, and its reply."""
 
 
 class HandlerImportError(Exception):
@@ -246,6 +250,8 @@ def main(parent: int | None = None) -> int:
             reply = run_batch(str(request[0]), request[1], cache)
         elif isinstance(request, list) and len(request) == 1:
             reply = codec.packb(describe(str(request[0]), cache))
+        elif request == []:
+            reply = PING_REQUEST
         else:
             raise SystemExit(f"slot protocol error: unknown request {request!r:.200}")
         _write(frames_out, reply)

@@ -14,16 +14,19 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import final
+from typing import Final, final
 
 from truba import codec, trace
 from truba.daemon.launch import Launcher, SlotHandle, Spawn
 from truba.daemon.memory import private_bytes
-from truba.daemon.slot_main import HEADER, LARGE_FRAME
+from truba.daemon.slot_main import HEADER, LARGE_FRAME, PING_REQUEST
 from truba.handlers import BatchSpec
 from truba.wire import ErrorInfo
 
 log = logging.getLogger(__name__)
+STARTUP_TIMEOUT: Final = 30.0
+"""Seconds a slot process may take to answer its first ping (see :meth:`SlotProcess.warm`)."""
+PING: Final = HEADER.pack(len(PING_REQUEST)) + PING_REQUEST
 
 
 class SlotDied(Exception):
@@ -54,6 +57,10 @@ class SlotProcess:
         self._process: SlotHandle | None = None
         self.tasks_run = 0
         """Tasks this process has answered (reset when the process is replaced)."""
+        self.cold = True
+        """Not known to be up: no process yet, or one started (or found dead) and not answered
+        since. :func:`~truba.daemon.supervise.supervised` warms a cold slot (:meth:`warm`)
+        before it starts an attempt's clock."""
 
     @property
     def pid(self) -> int | None:
@@ -74,11 +81,36 @@ class SlotProcess:
         return self._process is not None and self._process.stdout.woken
 
     async def start(self) -> None:
-        """Starts a fresh process (returns once it runs, not necessarily once Python is up)."""
+        """Starts a fresh process (returns once it runs, not necessarily once Python is up: see
+        :meth:`warm`)."""
         self.tasks_run = 0
+        self.cold = True
         self._process = await self.launcher.launch()
         fields = {"slot": self.index, "pid": self._process.pid, "preloaded": len(self._process.preloaded)}
         log.info("daemon.slot.started", extra=fields)
+
+    async def warm(self) -> None:
+        """Starts the process if it is not running, then waits until it answers a ping, for at
+        most :data:`STARTUP_TIMEOUT` seconds.
+
+        So a task's timeout counts the task, not the interpreter's start: a slot spawned afresh
+        after a kill takes 0.1-1 s to come up on a loaded machine, and a task sent to it at once
+        spent that against its limit (a 0.3 s limit failed a 10 ms task). A process that exits
+        first, or does not answer in time (killed), is left for the next request, which starts
+        another and meets its fate under that request's own limits, as before.
+        """
+        if not self.alive:
+            await self.start()
+        try:
+            async with asyncio.timeout(STARTUP_TIMEOUT):
+                await self._write(PING, "a ping")
+                await self._read("a ping")
+        except SlotDied:  # logged as it was found; the next request starts another
+            return
+        except TimeoutError:  # _read killed it as its wait was cut short
+            log.warning("daemon.slot.start_timed_out", extra={"slot": self.index, "timeout": STARTUP_TIMEOUT})
+            return
+        self.cold = False
 
     async def prepare(self, handler: str) -> None:
         """Replaces an idle process that lacks ``handler`` preloaded when a new one would have it."""
@@ -210,6 +242,7 @@ class SlotProcess:
     async def kill(self) -> None:
         """SIGKILL now and reap; idempotent. The next ``run`` (or ``start``) starts afresh."""
         process = self._process
+        self.cold = True
         if process is None or process.returncode is not None:
             return
         process.kill()
@@ -217,6 +250,7 @@ class SlotProcess:
         log.debug("daemon.slot.killed", extra={"slot": self.index, "pid": process.pid})
 
     async def _reap(self) -> int | None:
+        self.cold = True
         if self._process is None:
             return None
         self._process.kill()

@@ -132,6 +132,12 @@ async def supervised(
     cancelling that task, and tells its own cancellation from a real one by the task's count of
     cancel requests (:meth:`asyncio.Task.uncancel`); a real one propagates.
     """
+    if slot.cold or not slot.alive:  # its start is not the attempt's: the clock starts once it is up
+        try:
+            await slot.warm()
+        except BaseException:
+            call.close()
+            raise
     started = time.perf_counter()
     if interrupt.is_set():  # before it began; a chunk's replies may still be due: a fresh slot
         call.close()

@@ -35,6 +35,8 @@ class FakeSlot:
     index = 0
     pid = 4242
     reply_here = False
+    cold = False
+    alive = True
 
     def __init__(self) -> None:
         self.tasks_run = 0

@@ -8,10 +8,15 @@ request of the watch's, and that a reply already here wins over an interrupt.
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 
 import pytest
 
+from truba.daemon import slot_process
 from truba.daemon.replies import ReplyReader
 from truba.daemon.slot_process import SlotProcess
 from truba.daemon.supervise import MIB, Ending, Interrupt, Limits, run_attempt
@@ -83,7 +88,9 @@ async def test_an_interrupt_set_before_it_begins_stops_it_at_once(slot: SlotProc
 async def test_a_reply_that_races_an_interrupt_wins(
     slot: SlotProcess, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The interrupt comes after the reply was read but before the waiting task took it.
+    # The interrupt comes after the reply was read but before the waiting task took it (on a
+    # slot up already: its ping's reply is not the one meant).
+    await slot.warm()
     pid, interrupt = slot.pid, Interrupt()
     wake = ReplyReader._wake
 
@@ -122,3 +129,31 @@ async def test_a_real_cancellation_that_comes_with_an_interrupt_still_propagates
     with pytest.raises(asyncio.CancelledError):
         await attempt
     assert attempt.cancelled()
+
+
+async def test_a_slot_slow_to_come_up_does_not_spend_the_attempt_s_time(slot: SlotProcess) -> None:
+    # Given a slot process that cannot answer for 0.6 s (as a fresh interpreter on a loaded
+    # machine), and an attempt limited to 0.3 s
+    assert slot.pid is not None
+    os.kill(slot.pid, signal.SIGSTOP)
+    asyncio.get_running_loop().call_later(0.6, os.kill, slot.pid, signal.SIGCONT)
+    began = time.monotonic()
+    # When a quick task runs on it
+    end = await run_attempt(slot, BEHAVE, "t", ["ok", 1], Limits(timeout=0.3), Interrupt())
+    # Then its clock started once the slot was up: it replied, on the same process
+    assert end.ending is Ending.REPLIED and end.reply is not None and end.reply.value == 1
+    assert time.monotonic() - began >= 0.6 and not slot.cold
+
+
+async def test_a_slot_that_never_comes_up_is_replaced_within_its_startup_bound(
+    slot: SlotProcess, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(slot_process, "STARTUP_TIMEOUT", 0.3)
+    stuck = slot.pid
+    assert stuck is not None
+    os.kill(stuck, signal.SIGSTOP)
+    with caplog.at_level(logging.WARNING, logger="truba.daemon.slot_process"):
+        end = await run_attempt(slot, BEHAVE, "t", ["ok", 2], Limits(timeout=10), Interrupt())
+    assert end.ending is Ending.REPLIED and end.reply is not None and end.reply.value == 2
+    assert slot.pid != stuck
+    assert [r.getMessage() for r in caplog.records] == ["daemon.slot.start_timed_out"]
