@@ -11,6 +11,9 @@ from pathlib import Path
 from truba.local.cluster import LocalCluster, TrubaProcess
 
 ALLOW = ["tests.handlers.*", "examples.*"]
+ANY_HTTP = ("--http", "127.0.0.1:0")
+"""For a scheduler restarted on its old gRPC address: its HTTP port on any free one (the default,
+the gRPC port + 1, may have been taken by another process meanwhile: seen as a failed restart)."""
 
 
 class Cluster:

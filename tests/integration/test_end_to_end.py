@@ -12,7 +12,7 @@ import pika
 import pytest
 
 import truba
-from tests.integration.processes import Cluster, queues_of
+from tests.integration.processes import ANY_HTTP, Cluster, queues_of
 from truba.proto.v1 import jobs_pb2
 
 pytestmark = pytest.mark.integration
@@ -181,7 +181,7 @@ def test_daemons_reconnect_after_the_scheduler_is_killed_and_the_job_completes(c
                 cluster.local.processes.remove(scheduler)
                 time.sleep(1.0)  # daemons notice and start backing off
                 urls = [b.url for b in cluster.brokers]  # type: ignore[attr-defined]
-                cluster.local.start_scheduler(urls, cluster.address, "--heartbeat-interval", "0.5")
+                cluster.local.start_scheduler(urls, cluster.address, "--heartbeat-interval", "0.5", *ANY_HTTP)
                 restarted = True
         assert restarted and received == total
         assert client.get_job_info(job.id).state == jobs_pb2.JOB_STATE_FINISHED

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import ALLOW
+from tests.integration.processes import ALLOW, ANY_HTTP
 from tests.postgres import LocalPostgres
 from truba.client import Client, Schedule
 from truba.client.errors import Unavailable
@@ -50,7 +50,7 @@ async def test_a_scheduler_on_postgresql_killed_and_restarted_keeps_its_job_and_
     seen: collections.Counter[str] = collections.Counter()
 
     def start_scheduler(listen: str) -> None:
-        local.start_scheduler(brokers, listen, "--heartbeat-interval", "0.5", "--store", url)
+        local.start_scheduler(brokers, listen, "--heartbeat-interval", "0.5", "--store", url, *ANY_HTTP)
 
     try:
         await asyncio.to_thread(start_scheduler, "127.0.0.1:0")

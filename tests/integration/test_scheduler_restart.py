@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import running
+from tests.integration.processes import ANY_HTTP, running
 from truba.client import Client
 from truba.proto.v1 import jobs_pb2
 
@@ -53,7 +53,7 @@ async def test_a_scheduler_killed_mid_jobs_and_restarted_loses_and_duplicates_no
             await asyncio.wait_for(halfway.wait(), 60)
             scheduler.kill()
             await asyncio.sleep(1.0)
-            await asyncio.to_thread(cluster.local.start_scheduler, cluster.broker_urls, address)
+            await asyncio.to_thread(cluster.local.start_scheduler, cluster.broker_urls, address, *ANY_HTTP)
             assert cluster.address == address
             await asyncio.wait_for(asyncio.gather(*consumers), 120)
             for job in jobs:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.processes import ALLOW, running
+from tests.integration.processes import ALLOW, ANY_HTTP, running
 from tests.waiting import eventually
 from truba.client import Client, InvalidArgument, connect
 
@@ -276,7 +276,7 @@ async def test_a_schedule_survives_its_scheduler_killed_and_restarted(
             await eventually(lambda: len(starts(record)) >= 2, 10, "two runs")
             cluster.local.processes[0].kill()
             await asyncio.sleep(1.5)
-            await asyncio.to_thread(cluster.local.start_scheduler, cluster.broker_urls, address)
+            await asyncio.to_thread(cluster.local.start_scheduler, cluster.broker_urls, address, *ANY_HTTP)
             restarted_at = time.time()
             await eventually(
                 lambda: len(starts(record, after=restarted_at)) >= 2, 10, "runs after the restart"
