@@ -109,6 +109,19 @@ class _Member:
         await self._frame.settle(self._message, how)
 
 
+@final
+class _Turn:
+    """Called back once the event loop turned (see :meth:`FrameListener._pull_here`)."""
+
+    __slots__ = ("passed",)
+
+    def __init__(self) -> None:
+        self.passed = False
+
+    def __call__(self) -> None:
+        self.passed = True
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -236,20 +249,28 @@ class FrameListener:
         loop = asyncio.get_running_loop()
         self._pulling = True
         self._pull_until = deadline
+        turn = _Turn()
+        passing = loop.call_soon(turn)
         try:
             delivery = await self.inner.get(max(0.0, deadline - loop.time()))
-            if delivery is None:
-                return False
-            members = self._members_now(delivery)
-            if members is None:
-                pull = self._pull = loop.create_task(self._finish(delivery))
-                pull.add_done_callback(self._pulled)
-            else:
-                self._ready.extend((time.monotonic(), member) for member in members)
-            return True
+            if delivery is not None:
+                members = self._members_now(delivery)
+                if members is None:
+                    pull = self._pull = loop.create_task(self._finish(delivery))
+                    pull.add_done_callback(self._pulled)
+                else:
+                    self._ready.extend((time.monotonic(), member) for member in members)
         finally:
             self._pulling = False
             self._wake()
+        if not turn.passed:
+            # The inner listener had it at hand: what already waits for the event loop goes
+            # first all the same, as it did when every pull was a task (the client acks a batch
+            # from a task started just before its next get); cancelled here, what was pulled
+            # stays in _ready for the next get.
+            passing.cancel()
+            await asyncio.sleep(0)
+        return delivery is not None
 
     async def _wait(self, timeout: float) -> None:
         """Until the running pull ends (it wakes its waiters: :meth:`_wake`) or ``timeout`` passes."""
