@@ -242,8 +242,24 @@ class FrameSender:
             for outer in group.outers:
                 if not outer.done():
                     outer.set_result(None)
+            self._lone_goes()
         else:
             self._hold_failed(group, error)
+
+    def _lone_goes(self) -> None:
+        """A single message gathered while a frame was in flight goes now that it is confirmed
+        (as it would have gone alone had it come a moment later), instead of waiting out
+        ``max_delay`` for company: one task at a time, a result's confirm that comes after
+        the next task's result would otherwise hold that result back (5 ms by default). Two or
+        more gathered keep waiting for a fuller frame: the traffic is busy then."""
+        limits = self.limits
+        if (
+            len(self._pending.messages) == 1
+            and len(self._in_flight) < limits.eager
+            and not limits.holding
+            and not self._closed
+        ):
+            self._flush_soon()
 
     def _hold_failed(self, group: _Group, error: BaseException) -> None:
         """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""

@@ -65,6 +65,25 @@ async def test_a_full_frame_goes_at_once_and_a_gathering_one_waits_for_max_delay
     assert inner.sent[-1] == b"g"
 
 
+async def test_a_lone_message_gathered_behind_a_frame_goes_once_that_is_confirmed() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_delay=10.0))
+    await sender.send(b"m0")
+    lone = await sender.send(b"m1")  # m0 in flight: m1 is gathered
+    assert inner.sent == [b"m0"]
+    inner.confirm()
+    await asyncio.sleep(0.01)
+    assert inner.sent == [b"m0", b"m1"]  # alone and unchanged, long before max_delay
+    inner.confirm()
+    await asyncio.wait_for(lone, 1.0)
+    # Two gathered wait for a fuller frame (busy traffic), as before.
+    await sender.send(b"m2")
+    pair = [await sender.send(b"m3"), await sender.send(b"m4")]
+    inner.confirm()
+    await asyncio.sleep(0.01)
+    assert inner.sent[2:] == [b"m2"] and not any(c.done() for c in pair)
+
+
 async def test_while_held_no_message_goes_alone_and_the_last_release_sends_them() -> None:
     limits = FrameLimits(max_delay=10.0)
     inners: list[FakeSender[bytes]] = [FakeSender(), FakeSender()]
