@@ -6,10 +6,12 @@ are already in flight (Nagle-like): a lone message goes out at once, unchanged, 
 load does not grow; a message that arrives while ``eager`` frames await their confirm starts a
 frame, which gathers until ``max_messages`` or ``max_bytes`` are in it or ``max_delay`` seconds
 have passed (not until that confirm: under load the confirms come every millisecond or two, and
-frames that short would stay small). Each message's confirmation resolves (or fails) with its
-frame's. An owner that knows more messages follow within moments (a daemon running chunks of
-short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases them, even the
-first message waits for a frame.
+frames that short would stay small). Only a single message gathered goes at that confirm, alone
+and unchanged (as it would have a moment later): one task at a time, a result must not wait out
+``max_delay`` because its predecessor's confirm was slow. Each message's confirmation resolves
+(or fails) with its frame's. An owner that knows more messages follow within moments (a daemon
+running chunks of short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases
+them, even the first message waits for a frame.
 
 :class:`FrameListener` (:mod:`truba.pipes.frame_listener`) unpacks frames into one delivery per
 member, and settles a frame with the broker once every member is settled.
