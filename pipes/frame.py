@@ -6,10 +6,12 @@ are already in flight (Nagle-like): a lone message goes out at once, unchanged, 
 load does not grow; a message that arrives while ``eager`` frames await their confirm starts a
 frame, which gathers until ``max_messages`` or ``max_bytes`` are in it or ``max_delay`` seconds
 have passed (not until that confirm: under load the confirms come every millisecond or two, and
-frames that short would stay small). Each message's confirmation resolves (or fails) with its
-frame's. An owner that knows more messages follow within moments (a daemon running chunks of
-short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases them, even the
-first message waits for a frame.
+frames that short would stay small). Only a single message gathered goes at that confirm, alone
+and unchanged (as it would have a moment later): one task at a time, a result must not wait out
+``max_delay`` because its predecessor's confirm was slow. Each message's confirmation resolves
+(or fails) with its frame's. An owner that knows more messages follow within moments (a daemon
+running chunks of short tasks) holds its senders (:meth:`FrameLimits.hold`): until it releases
+them, even the first message waits for a frame.
 
 :class:`FrameListener` (:mod:`truba.pipes.frame_listener`) unpacks frames into one delivery per
 member, and settles a frame with the broker once every member is settled.
@@ -242,8 +244,24 @@ class FrameSender:
             for outer in group.outers:
                 if not outer.done():
                     outer.set_result(None)
+            self._lone_goes()
         else:
             self._hold_failed(group, error)
+
+    def _lone_goes(self) -> None:
+        """A single message gathered while a frame was in flight goes now that it is confirmed
+        (as it would have gone alone had it come a moment later), instead of waiting out
+        ``max_delay`` for company: one task at a time, a result's confirm that comes after
+        the next task's result would otherwise hold that result back (5 ms by default). Two or
+        more gathered keep waiting for a fuller frame: the traffic is busy then."""
+        limits = self.limits
+        if (
+            len(self._pending.messages) == 1
+            and len(self._in_flight) < limits.eager
+            and not limits.holding
+            and not self._closed
+        ):
+            self._flush_soon()
 
     def _hold_failed(self, group: _Group, error: BaseException) -> None:
         """Members whose frame failed: listed as unconfirmed until re-sent (and dropped)."""

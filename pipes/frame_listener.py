@@ -109,6 +109,19 @@ class _Member:
         await self._frame.settle(self._message, how)
 
 
+@final
+class _Turn:
+    """Called back once the event loop turned (see :meth:`FrameListener._pull_here`)."""
+
+    __slots__ = ("passed",)
+
+    def __init__(self) -> None:
+        self.passed = False
+
+    def __call__(self) -> None:
+        self.passed = True
+
+
 def _wake(waiter: asyncio.Future[None]) -> None:
     if not waiter.done():
         waiter.set_result(None)
@@ -155,6 +168,10 @@ class FrameListener:
         """The gets waiting for the running pull to end."""
         self._pull_until = 0.0
         """When the running pull's inner get times out (loop time)."""
+        self._pulling = False
+        """A get pulls in its own task right now (see :meth:`_pull_here`)."""
+        self._warm = False
+        """A pull task's inner get returned: the inner listener is connected (see _pull_here)."""
 
     @property
     def held(self) -> int:
@@ -177,13 +194,30 @@ class FrameListener:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
+            if self._pull is None and not self._pulling and self._warm:
+                # Nobody pulls: this get does, in its own task (see _pull_here).
+                if not await self._pull_here(deadline):
+                    return None  # the inner get timed out for our whole timeout
+                if self._ready:
+                    return self._ready.popleft()[1]
+                if self._pull is None:  # nothing of it to hand out: pull again for the rest
+                    continue
+            if self._pulling:
+                # Another get pulls in its own task: it wakes us as it ends; if it took the
+                # only delivery, we pull next.
+                await self._wait(deadline - loop.time())
+                if self._ready:
+                    return self._ready.popleft()[1]
+                if loop.time() >= deadline:
+                    return None
+                continue
             pull = self._pull or self._start_pull(deadline)
             until = self._pull_until  # a pull another waiter started may end before our deadline
             if not pull.done():
                 # The pull wakes us itself as it ends (no done callback in between: one turn of
                 # the event loop less per frame); neither our timeout nor our cancellation stops
                 # it: what it brings stays here for the next get.
-                await self._wait(pull, deadline - loop.time())
+                await self._wait(deadline - loop.time())
             if not pull.done() and self._looking_up:
                 # The pull holds a redelivered frame and is looking it up in the record (a
                 # bounded wait): its members come next, and must not go unseen by an owner
@@ -200,8 +234,46 @@ class FrameListener:
             # Others took what the pull brought, or it was cancelled, or it timed out before our
             # deadline (another waiter's, shorter): pull again for the rest of our time.
 
-    async def _wait(self, pull: asyncio.Task[bool], timeout: float) -> None:
-        """Until ``pull`` ends (it wakes its waiters: :meth:`_wake`) or ``timeout`` passes."""
+    async def _pull_here(self, deadline: float) -> bool:
+        """The one inner get, run in the calling get's own task: a delivery reaches its worker
+        one turn of the event loop sooner than through a pull task (the task's wake-up, then
+        the worker's). False when it timed out. Wakes the gets waiting meanwhile as it ends.
+
+        Cancelling the caller cancels the inner get, which takes nothing then (the leaves'
+        gets wait on a queue, cancel-safe). What follows the inner get is synchronous on the
+        common path; a delivery that needs a wait of its own (a redelivered frame to look up,
+        a malformed one to dead-letter) is finished by a pull task (:meth:`_finish`), which no
+        caller's cancellation cuts short. Only once the listener is connected (``_warm``): a
+        first connect is no step to cancel halfway.
+        """
+        loop = asyncio.get_running_loop()
+        self._pulling = True
+        self._pull_until = deadline
+        turn = _Turn()
+        passing = loop.call_soon(turn)
+        try:
+            delivery = await self.inner.get(max(0.0, deadline - loop.time()))
+            if delivery is not None:
+                members = self._members_now(delivery)
+                if members is None:
+                    pull = self._pull = loop.create_task(self._finish(delivery))
+                    pull.add_done_callback(self._pulled)
+                else:
+                    self._ready.extend((time.monotonic(), member) for member in members)
+        finally:
+            self._pulling = False
+            self._wake()
+        if not turn.passed:
+            # The inner listener had it at hand: what already waits for the event loop goes
+            # first all the same, as it did when every pull was a task (the client acks a batch
+            # from a task started just before its next get); cancelled here, what was pulled
+            # stays in _ready for the next get.
+            passing.cancel()
+            await asyncio.sleep(0)
+        return delivery is not None
+
+    async def _wait(self, timeout: float) -> None:
+        """Until the running pull ends (it wakes its waiters: :meth:`_wake`) or ``timeout`` passes."""
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         self._waiters.append(waiter)
@@ -228,7 +300,7 @@ class FrameListener:
         """Moves one delivery the inner listener has at hand (if any, without waiting) in here,
         split: its members then count as :attr:`held`. Lets an owner whose consumers are all
         busy see (and hand back) a frame that would otherwise wait unseen in the prefetch."""
-        if self._pull is None:
+        if self._pull is None and not self._pulling:
             await asyncio.wait((self._start_pull(asyncio.get_running_loop().time()),))
 
     def _start_pull(self, until: float) -> asyncio.Task[bool]:
@@ -254,6 +326,7 @@ class FrameListener:
                 delivery = await self.inner.get(timeout)
             finally:
                 self._pull = None
+            self._warm = True  # connected: gets may pull in their own tasks from now on
             if delivery is None:
                 return False
             members = await self._unsettled(delivery)
@@ -261,6 +334,17 @@ class FrameListener:
             self._ready.extend((now, member) for member in members)
             return True
         finally:
+            self._wake()
+
+    async def _finish(self, delivery: Delivery[bytes]) -> bool:
+        """A pull task for what a get pulled in its own task and must wait on (see
+        :meth:`_pull_here`): its members go to ``_ready``; wakes the gets waiting as it ends."""
+        try:
+            members = await self._unsettled(delivery)
+            self._ready.extend((time.monotonic(), member) for member in members)
+            return True
+        finally:
+            self._pull = None
             self._wake()
 
     def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
@@ -300,6 +384,21 @@ class FrameListener:
         for i in sorted(done):
             await members[i].ack()
         return [member for i, member in enumerate(members) if i not in done]
+
+    def _members_now(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]] | None:
+        """The members of ``delivery`` to hand out when that needs no wait (the common case:
+        a lone message, a frame delivered for the first time); None for a malformed frame or a
+        redelivered one to look up (:meth:`_unsettled` deals with those)."""
+        try:
+            found = frame_members(delivery.message, self._member_key)
+        except MalformedFrame:
+            return None
+        if found is None:
+            return [delivery]
+        if self._done is not None and delivery.redelivered and len(found) > 1:
+            return None
+        frame = _Frame(delivery, len(found), self._requeue)
+        return [_Member(message, frame) for message in found]
 
     async def _split(self, delivery: Delivery[bytes]) -> list[Delivery[bytes]]:
         """The members of ``delivery`` (itself when it is a lone message; none when it is a

@@ -65,6 +65,25 @@ async def test_a_full_frame_goes_at_once_and_a_gathering_one_waits_for_max_delay
     assert inner.sent[-1] == b"g"
 
 
+async def test_a_lone_message_gathered_behind_a_frame_goes_once_that_is_confirmed() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_delay=10.0))
+    await sender.send(b"m0")
+    lone = await sender.send(b"m1")  # m0 in flight: m1 is gathered
+    assert inner.sent == [b"m0"]
+    inner.confirm()
+    await asyncio.sleep(0.01)
+    assert inner.sent == [b"m0", b"m1"]  # alone and unchanged, long before max_delay
+    inner.confirm()
+    await asyncio.wait_for(lone, 1.0)
+    # Two gathered wait for a fuller frame (busy traffic), as before.
+    await sender.send(b"m2")
+    pair = [await sender.send(b"m3"), await sender.send(b"m4")]
+    inner.confirm()
+    await asyncio.sleep(0.01)
+    assert inner.sent[2:] == [b"m2"] and not any(c.done() for c in pair)
+
+
 async def test_while_held_no_message_goes_alone_and_the_last_release_sends_them() -> None:
     limits = FrameLimits(max_delay=10.0)
     inners: list[FakeSender[bytes]] = [FakeSender(), FakeSender()]
@@ -301,6 +320,56 @@ async def test_the_pull_wakes_its_waiters_itself_one_turn_after_it_ends() -> Non
     assert listener._waiters == []
 
 
+async def test_once_connected_a_waiting_get_has_a_lone_message_one_turn_after_it_arrives() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    assert await listener.get(0.0) is None  # the first get connects (in a pull task of its own)
+    first, second = (asyncio.ensure_future(listener.get(5.0)) for _ in range(2))
+    await asyncio.sleep(0.01)
+    inner.push(b"one")
+    # The first get waits on the inner listener in its own task: no pull task to wake first.
+    assert await turns_until_done([first]) == 1
+    assert (delivery := first.result()) is not None and delivery.message == b"one"
+    assert not second.done()  # woken, found nothing: it waits on the inner listener now
+    await asyncio.sleep(0)
+    inner.push(b"two")
+    assert await turns_until_done([second]) == 1
+    assert (delivery := second.result()) is not None and delivery.message == b"two"
+
+
+async def test_a_get_cancelled_while_it_pulls_loses_nothing_and_a_waiting_get_takes_over() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    assert await listener.get(0.0) is None
+    pulling = asyncio.ensure_future(listener.get(5.0))
+    await asyncio.sleep(0)
+    waiting = asyncio.ensure_future(listener.get(5.0))
+    await asyncio.sleep(0.01)
+    pulling.cancel()
+    await asyncio.sleep(0.01)
+    inner.push(pack([b"a", b"b"]))
+    delivery = await asyncio.wait_for(waiting, 1.0)
+    assert pulling.cancelled() and delivery is not None and delivery.message == b"a"
+    rest = await listener.get(0.0)
+    assert rest is not None and rest.message == b"b" and listener._waiters == []
+
+
+async def test_a_redelivered_frame_reaching_a_connected_get_is_looked_up_in_a_pull_task() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    record = _Lookup({b"a"})
+    listener = FrameListener(inner, done=record)
+    assert await listener.get(0.0) is None
+    pulling = asyncio.ensure_future(listener.get(5.0))
+    await asyncio.sleep(0.01)
+    inner.push(pack([b"a", b"b"]), redelivered=True)
+    await asyncio.sleep(0.01)
+    pulling.cancel()  # while the lookup waits: it finishes anyway, its member kept for the next get
+    assert await record.finish() == [[b"a", b"b"]]
+    delivery = await listener.get(1.0)
+    assert pulling.cancelled() and delivery is not None and delivery.message == b"b"
+    assert listener.held == 0
+
+
 async def test_waiters_that_time_out_or_leave_are_not_kept() -> None:
     inner: FakeListener[bytes] = FakeListener()
     listener = FrameListener(inner)
@@ -363,6 +432,24 @@ class _Record:
         if self.error is not None:
             raise self.error
         return [i for i, member in enumerate(members) if member in self.done]
+
+
+class _Lookup(_Record):
+    """A record whose lookups wait until :meth:`finish`."""
+
+    def __init__(self, done: set[bytes]) -> None:
+        super().__init__(done)
+        self._go = asyncio.Event()
+
+    async def __call__(self, delivery: Delivery[bytes], members: Sequence[bytes]) -> Collection[int]:
+        await self._go.wait()
+        return await super().__call__(delivery, members)
+
+    async def finish(self) -> list[list[bytes]]:
+        """Lets the lookups answer; what they were asked."""
+        self._go.set()
+        await asyncio.sleep(0.01)
+        return self.asked
 
 
 async def test_a_redelivered_frame_hands_out_only_the_members_without_a_recorded_result() -> None:
