@@ -39,6 +39,7 @@ from truba.client.journal import Journal, MemoryJournal, TaskJournal
 from truba.client.notices import quiet_by_default
 from truba.client.options import JOB_OPTIONS, JobOptions, check_importance, check_names, settings_pb
 from truba.client.outcome import R
+from truba.client.outcome_codec import OutcomeCodec
 from truba.client.reach import ONCE_TIMEOUT, UNAVAILABLE_AFTER, Reach
 from truba.client.schedule import ScheduleCalls
 from truba.client.wiring import default_brokers
@@ -51,7 +52,6 @@ from truba.pipes.route import RouteSender
 from truba.pipes.stacks import DEFAULT_MAX_MESSAGE_SIZE, SendOptions, listen_stack, send_stack
 from truba.proto.v1 import common_pb2, jobs_pb2, jobs_pb2_grpc
 from truba.queues import queues_of
-from truba.wire import ResultCodec
 
 log = logging.getLogger(__name__)
 CREATE_JOB_ARGUMENTS: Final = JOB_OPTIONS | {"handler", "importance", "name"}
@@ -278,6 +278,7 @@ class Client(ScheduleCalls):
                 role="delayed-tasks" if delayed else "tasks",
                 options=options,
                 frames=None if delayed else frames,
+                log_confirms=False,  # the submission logs each failed confirm, with its task id
             ).sender
 
         # Every leaf shares one set of limits, which the job sizes (FrameSizer). Tasks of a job with
@@ -291,7 +292,7 @@ class Client(ScheduleCalls):
             lambda task: (task.priority, task.not_before > 0), task_stack
         )
         window = Window(self._result_prefetch)
-        codec = ResultCodec(unpickle=info.settings.codec == "pickle")
+        codec = OutcomeCodec(unpickle=info.settings.codec == "pickle")
         results = listen_stack(codec, links, queues.spec(queues.results), window, role="results")
         job = Job(
             self.jobs,

@@ -65,11 +65,13 @@ class Dispatch:
 
     def route(self, outcome: Outcome) -> bool:
         """True if a call or a group took ``outcome``."""
-        future = self._calls.pop(outcome.task_id, None)
-        if future is not None and not future.done():
-            future.set_result(outcome)
-            return True
-        return any(claim(outcome) for claim in self.claims)
+        if self._calls:
+            future = self._calls.pop(outcome.task_id, None)
+            if future is not None and not future.done():
+                future.set_result(outcome)
+                return True
+        claims = self.claims
+        return bool(claims) and any(claim(outcome) for claim in claims)  # no generator per outcome when none
 
     def expect(self, task_id: str) -> asyncio.Future[Outcome]:
         """A call waits for ``task_id``'s outcome: the future it gets it from."""

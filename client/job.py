@@ -53,7 +53,6 @@ from truba.pipes.base import Sender
 from truba.pipes.broker import Broker
 from truba.pipes.stacks import ListenStack
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
-from truba.wire import ResultMessage
 
 log = logging.getLogger(__name__)
 P = TypeVar("P", default=Any)
@@ -74,7 +73,7 @@ class Job(Generic[P, R]):
         jobs: jobs_pb2_grpc.JobServiceAsyncStub,
         info: jobs_pb2.Job,
         tasks: Sender[EncodedTask],
-        results: ListenStack[ResultMessage],
+        results: ListenStack[Outcome],
         journal: TaskJournal,
         *,
         links: Sequence[Broker],

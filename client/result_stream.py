@@ -46,7 +46,6 @@ from truba.latency import LatencyCounts
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_listener import FrameListener
-from truba.wire import ResultMessage
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +69,7 @@ class ResultStream:
     def __init__(
         self,
         job_id: str,
-        results: Listener[ResultMessage],
+        results: Listener[Outcome],
         journal: TaskJournal,
         status: JobStatus,
         *,
@@ -94,7 +93,7 @@ class ResultStream:
         self._on_taken = on_taken
         self._poll = poll
         self._on_done = on_done
-        self._taken: list[Delivery[ResultMessage]] = []
+        self._taken: list[Delivery[Outcome]] = []
         """Results whose outcomes were taken (or dropped as duplicates), not acked yet."""
         self._unframe = frames
         """The result listener's unframe layer (its stack's handle): says when members of a frame
@@ -110,7 +109,7 @@ class ResultStream:
         """Told every task whose outcome was taken, after the journal forgot it (with ``arrived``)."""
         self._consumers = 0
         """Consumers iterating now (the pump not counted)."""
-        self._parked: collections.deque[Delivery[ResultMessage]] = collections.deque()
+        self._parked: collections.deque[Delivery[Outcome]] = collections.deque()
         """Results the pump read and no router claimed: not taken, the next consumer's first."""
         self._reading = asyncio.Lock()
         """One reader of the result pipe at a time (a consumer and the pump may overlap)."""
@@ -143,7 +142,7 @@ class ResultStream:
                     return  # a consumer took over, or no call or group waits any more
                 try:
                     if pump is None and self._parked:
-                        delivery: Delivery[ResultMessage] | None = self._parked.popleft()
+                        delivery: Delivery[Outcome] | None = self._parked.popleft()
                     else:
                         delivery = await self._next_result()
                         if delivery is not None and self._sizer is not None and not delivery.message.gave_up:
@@ -160,20 +159,20 @@ class ResultStream:
                         last_poll = time.monotonic()
                         await self._poll()
                     continue
-                message = delivery.message
-                if message.task_id not in journal:
+                outcome = delivery.message  # decoded straight into its Outcome (OutcomeCodec)
+                if outcome.task_id not in journal:
                     log.info(
-                        "client.result.duplicate", extra={"job_id": self._job_id, "task_id": message.task_id}
+                        "client.result.duplicate", extra={"job_id": self._job_id, "task_id": outcome.task_id}
                     )
                     self._taken.append(delivery)
                     continue
                 if self.arrived is not None:
-                    self.arrived(message.task_id)
-                outcome = Outcome.from_message(message)
+                    self.arrived(outcome.task_id)
                 if trace.enabled:
-                    trace.mark("client.outcome", message.task_id)
+                    trace.mark("client.outcome", outcome.task_id)
                 if self.route is not None and self.route(outcome):
-                    await self._take(delivery)
+                    if self._take(delivery):
+                        await self.ack_taken()
                     continue
                 if pump is not None:
                     self._parked.append(delivery)
@@ -184,11 +183,12 @@ class ResultStream:
                     taken = True
                 finally:
                     if taken:
-                        await self._take(delivery)
+                        if self._take(delivery):
+                            await self.ack_taken()
                     else:  # the consumer raised or closed us at this outcome: it comes again
                         log.info(
                             "client.result.put_back",
-                            extra={"job_id": self._job_id, "task_id": message.task_id},
+                            extra={"job_id": self._job_id, "task_id": outcome.task_id},
                         )
                         with contextlib.suppress(PipeError):
                             await delivery.reject(requeue=True)
@@ -208,17 +208,22 @@ class ResultStream:
             return
         await self._on_done()
 
-    async def _next_result(self) -> Delivery[ResultMessage] | None:
+    async def _next_result(self) -> Delivery[Outcome] | None:
         """The next result, waiting up to :data:`GET_TIMEOUT`. The results taken are acked first
         unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
         if self._taken and not (self._unframe is not None and self._unframe.held):
             self._ack_soon()
-        async with self._reading:
+        reading = self._reading  # acquire and release by hand: one coroutine, not three, per result
+        await reading.acquire()
+        try:
             return await self._results.get(GET_TIMEOUT)
+        finally:
+            reading.release()
 
-    async def _take(self, delivery: Delivery[ResultMessage]) -> None:
+    def _take(self, delivery: Delivery[Outcome]) -> bool:
         """The application took this outcome: its latency is counted, the journal forgets its
-        task; its result is acked with the next batch (:meth:`ack_taken`)."""
+        task; its result is acked with the next batch (:meth:`ack_taken`). True: that batch is
+        full, the caller acks it now (a plain call, not a coroutine: it runs once per task)."""
         task_id = delivery.message.task_id
         if self._latency is not None and (start := self._journal.started(task_id)):
             self._latency.observe(time.monotonic() - start)
@@ -227,8 +232,7 @@ class ResultStream:
             self.settled(task_id)
         self._on_taken()
         self._taken.append(delivery)
-        if len(self._taken) >= ACK_BATCH:
-            await self.ack_taken()
+        return len(self._taken) >= ACK_BATCH
 
     def _ack_soon(self) -> None:
         """Acks the outcomes taken from a task of its own, which goes on while more are taken
@@ -264,7 +268,7 @@ class ResultStream:
         await self._results.close()
 
 
-async def _ack(delivery: Delivery[ResultMessage]) -> None:
+async def _ack(delivery: Delivery[Outcome]) -> None:
     # The result's channel may be gone: the broker then delivers it again, and it is dropped
     # as a duplicate (its task is no longer in the journal).
     try:

@@ -19,11 +19,17 @@ T = TypeVar("T")
 
 @dataclass
 class LogSender(Generic[T]):
-    """Logs send failures and failed confirmations of the inner sender under ``pipe.<role>.*``."""
+    """Logs send failures and failed confirmations of the inner sender under ``pipe.<role>.*``.
+
+    ``confirms=False`` leaves failed confirmations to the owner, which watches every one anyway
+    and logs it with the message's id (the client's submission): no second done-callback per
+    message on its hot path.
+    """
 
     inner: Sender[T]
     role: str = "send"
     logger: logging.Logger = logging.getLogger("truba.pipes.log")
+    confirms: bool = True
 
     async def send(self, message: T) -> Confirmation:
         try:
@@ -36,7 +42,8 @@ class LogSender(Generic[T]):
             raise
         if self.logger.isEnabledFor(logging.DEBUG):
             self.logger.debug(f"pipe.{self.role}.sent")
-        confirmation.add_done_callback(self._confirmed)
+        if self.confirms:
+            confirmation.add_done_callback(self._confirmed)
         return confirmation
 
     def _confirmed(self, confirmation: Confirmation) -> None:
@@ -61,9 +68,10 @@ class LogSender(Generic[T]):
         await self.inner.close()
 
 
-def log_errors(role: str = "send") -> Layer[T, T]:
-    """The log layer for senders; ``role`` names the events (``pipe.results.failed``)."""
-    return lambda inner: LogSender(inner, role)
+def log_errors(role: str = "send", *, confirms: bool = True) -> Layer[T, T]:
+    """The log layer for senders; ``role`` names the events (``pipe.results.failed``);
+    ``confirms=False``: failed confirmations are the owner's to log (see :class:`LogSender`)."""
+    return lambda inner: LogSender(inner, role, confirms=confirms)
 
 
 @dataclass

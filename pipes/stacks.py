@@ -134,13 +134,15 @@ def send_stack(
     spool: Layer[bytes, bytes] | None = None,
     options: SendOptions | None = None,
     frames: FrameLimits | None = None,
+    log_confirms: bool = True,
 ) -> SendStack[T]:
     """``serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]`` to ``queue``.
 
     No stack of truba's apps has a spool today (the client's journal keeps its tasks); the layer
     is there for senders that need one. Given a :class:`QueueSpec`, every (re)connect declares the
     queue first. With ``frames``, each broker's leaf packs messages into frames under load, within
-    those (shared) limits.
+    those (shared) limits. ``log_confirms=False``: the owner logs failed confirmations itself
+    (it watches each one), so the log layer adds no callback per message.
     """
     opts = options or SendOptions()
     if opts.delayed and frames is not None:
@@ -162,7 +164,7 @@ def send_stack(
     encoded = start.layer(serialize(codec, opts.max_message_size))
     spooled = encoded.layer(spool) if spool is not None else encoded
     retried: Pipeline[T, bytes] = spooled.layer(retry(opts.retry))
-    logged: Pipeline[T, bytes] = retried.layer(log_errors(role))
+    logged: Pipeline[T, bytes] = retried.layer(log_errors(role, confirms=log_confirms))
     # Over one broker there is nothing to balance: the leaf's own window caps its load.
     base = leaves[0] if len(leaves) == 1 else BalanceSender(leaves, opts.max_unconfirmed, health=links)
     return SendStack(logged.build(base), frames, tuple(links))

@@ -25,8 +25,9 @@ know and anything after the map (the next field goes there without a new format 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, TypeVar
 
 import msgpack
 
@@ -91,6 +92,13 @@ class ResultMessage:
     seconds: float = 0.0
     attempts: int = 1
     gave_up: bool = False
+
+
+M = TypeVar("M")
+ResultMaker = Callable[[str, bool, object, "ErrorInfo | None", str, float, int, bool], M]
+"""What :meth:`ResultCodec.decode_as` builds a decoded result with, from ``(task_id, ok, value,
+error, daemon_id, seconds, attempts, gave_up)``: :class:`ResultMessage` itself, or the client's
+``Outcome``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,6 +265,11 @@ class ResultCodec:
         return _pack(fields, f"result of task {message.task_id}")
 
     def decode(self, data: bytes) -> ResultMessage:
+        return self.decode_as(data, ResultMessage)
+
+    def decode_as(self, data: bytes, make: ResultMaker[M]) -> M:
+        """Decodes straight into ``make``'s object (the client's ``Outcome``: no
+        :class:`ResultMessage` on the way, one object per result on the client's hot path)."""
         obj = _unpack(data, "result")
         if len(obj) < 6 or not isinstance(obj[1], str) or not isinstance(obj[2], bool):
             raise CodecError("result: expected [1, task_id, ok, body, daemon_id, seconds]")
@@ -274,11 +287,11 @@ class ResultCodec:
             except Exception as exc:  # whatever unpickling raises: the outcome says it
                 ok, body = False, ["ResultNotUnpickled", f"{type(exc).__name__}: {exc}", ""]
         if ok:
-            return ResultMessage(task_id, True, body, None, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
+            return make(task_id, True, body, None, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
         if not (isinstance(body, list) and len(body) == 3 and all(isinstance(x, str) for x in body)):
             raise CodecError("result: error body must be [type, message, traceback]")
         error = ErrorInfo(body[0], body[1], body[2])
-        return ResultMessage(task_id, False, None, error, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
+        return make(task_id, False, None, error, str(daemon_id), float(seconds), attempts, gave_up)  # type: ignore[arg-type]
 
 
 class GaveUpCodec:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from tests.unit.client.fakes import FakeDaemon, FakeScheduler, client_for, daemons_for
+from tests.waiting import eventually
 from truba.client import (
     CallbackFailed,
     Client,
@@ -404,3 +406,21 @@ async def test_a_job_used_as_a_context_manager_is_left_running_on_an_interrupt(
         resumed = await client.resume(job.id)  # it is the user's to resume or cancel
         assert resumed.outstanding == 1
         await resumed.cancel()
+
+
+async def test_a_nacked_task_is_logged_once_with_its_task_id(
+    scheduler: FakeScheduler, client: Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task stack's log layer leaves failed confirms to the submission (one done-callback
+    per task, not two): each is still logged, once, now with the task's id."""
+    caplog.set_level(logging.WARNING)
+    job = await client.create_job("h:f", frames=False)
+    await job.submit(0)  # opens the task stack (which declares the queue), and is confirmed
+    scheduler.brokers[0].drop_queue(scheduler.queues(job.id).tasks)  # unroutable: nacked
+    task_id = await job.submit(1)
+    await eventually(lambda: any(r.getMessage() == "client.task.unconfirmed" for r in caplog.records))
+    failed = [(r.getMessage(), getattr(r, "task_id", None)) for r in caplog.records]
+    assert [entry for entry in failed if entry[0].endswith(".unconfirmed")] == [
+        ("client.task.unconfirmed", task_id)
+    ]
+    await job.cancel()

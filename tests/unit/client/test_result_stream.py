@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 from truba.client.journal import MemoryJournal
 from truba.client.lifecycle import JobStatus
+from truba.client.outcome_codec import OutcomeCodec
 from truba.client.reach import Reach
 from truba.client.result_stream import ACK_BATCH, ResultStream
 from truba.latency import BOUNDS, LatencyCounts
@@ -64,7 +65,7 @@ async def rig(
         pass
 
     unframe = FrameListener(fake)
-    results = DeserializeListener(unframe, ResultCodec())
+    results = DeserializeListener(unframe, OutcomeCodec())
     stream = ResultStream(
         "j1",
         results,
