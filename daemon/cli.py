@@ -10,7 +10,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
+from typing import Final
 
 from truba import logs
 from truba.channel import default_scheduler
@@ -20,6 +22,10 @@ from truba.daemon.sizing import default_slots
 from truba.daemon.terms import SlotPolicy
 
 log = logging.getLogger(__name__)
+PID_ONE_ADVICE: Final = (
+    "running as PID 1: processes that handlers start and leave behind are not reaped and stay "
+    "zombies; run the daemon under an init (docker run --init, compose init: true)"
+)
 MIB = 1024 * 1024
 
 
@@ -167,6 +173,9 @@ def main(args: argparse.Namespace) -> int:
             log.error("daemon.bad_args", extra={"error": f"--metrics: {exc}"})
             return 2
     logs.bind_process(daemon_id=config.daemon_id)
+    if os.getpid() == 1:
+        # Orphans are PID 1's to reap: the daemon reaps its own slots, not what handlers start.
+        log.warning("daemon.pid_one", extra={"advice": PID_ONE_ADVICE})
     return asyncio.run(_serve(config, args.metrics))
 
 

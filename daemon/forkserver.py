@@ -66,10 +66,25 @@ class ForkedSlot:
     def _on_exit(self) -> None:
         # Let go of everything now: a slot found dead while idle is replaced without a wait().
         asyncio.get_running_loop().remove_reader(self._pidfd)
+        self._reap_if_orphaned()
         os.close(self._pidfd)
         self._pidfd = -1
         self.stdin.close()
         self._exited.set()
+
+    def _reap_if_orphaned(self) -> None:
+        """Reaps the slot if it became the daemon's child: its template died first and the
+        daemon is PID 1 (a container without an init) or a subreaper, where an orphan goes. The
+        template reaps its own children; an orphan nobody reaps stays a zombie for the daemon's
+        life. By pidfd (``P_PIDFD``), so no other process can be reaped by mistake."""
+        try:
+            info = os.waitid(os.P_PIDFD, self._pidfd, os.WEXITED | os.WNOHANG)
+        except ChildProcessError:  # the template's child, as usual: the template reaps it
+            return
+        if info is not None and self._code is None:
+            killed = info.si_code in (os.CLD_KILLED, os.CLD_DUMPED)
+            self._code = -info.si_status if killed else info.si_status
+            log.info("daemon.forkserver.orphan_reaped", extra={"pid": self.pid, "code": self._code})
 
     @property
     def returncode(self) -> int | None:

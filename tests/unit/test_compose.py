@@ -100,3 +100,10 @@ def test_the_monitoring_profile_scrapes_the_schedulers_http_port_and_mounts_file
     assert scrape["job_name"] == "truba-scheduler"  # the rules' TrubaSchedulerDown names it
     assert scrape["static_configs"][0]["targets"] == [f"scheduler:{http_port}"]
     assert config["rule_files"] == ["truba-rules.yml"]
+
+
+def test_the_daemons_run_under_an_init_that_reaps_orphans(compose: dict[str, Any]) -> None:
+    # As PID 1 the daemon would inherit every orphan in its container and reap only its slots.
+    daemons = [svc for svc in compose["services"].values() if (svc.get("command") or [None])[0] == "daemon"]
+    assert len(daemons) == 2
+    assert all(svc.get("init") is True for svc in daemons)

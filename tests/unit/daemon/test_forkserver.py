@@ -251,3 +251,47 @@ async def test_the_template_and_its_slots_die_with_the_daemon_even_by_kill_9() -
         if owner.poll() is None:
             owner.kill()
             owner.wait()
+
+
+ORPHANED = """
+import asyncio, ctypes, os, signal
+from pathlib import Path
+from truba.daemon.forkserver import ForkServer
+from truba.daemon.slot_process import SlotProcess
+
+PR_SET_CHILD_SUBREAPER = 36
+
+def state(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
+
+async def main():
+    # Orphans now come here, as they come to PID 1 in a container without an init.
+    assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    server = ForkServer(["tests.handlers.basic:square"])
+    slot = SlotProcess(0, server)
+    await slot.start()
+    pid = slot.pid
+    os.kill(server.template.pid, signal.SIGKILL)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 5
+    while state(pid) != "gone" and loop.time() < deadline:
+        await asyncio.sleep(0.02)
+    print(state(pid), flush=True)
+    await slot.stop()
+    await server.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_a_slot_orphaned_by_its_templates_death_is_reaped_by_a_daemon_that_inherits_it() -> None:
+    # As PID 1 (or a subreaper) the daemon inherits a dead template's slots: unreaped, each
+    # stayed a zombie for the daemon's life.
+    done = await asyncio.to_thread(
+        subprocess.run, [sys.executable, "-c", ORPHANED], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "gone"
