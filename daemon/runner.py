@@ -218,9 +218,8 @@ class JobRunner:
         await self.pipes.close()
         log.info("daemon.job.closed", extra={"job_id": self.job_id, "stats": dataclasses.asdict(self.stats)})
 
-    async def _unless_stuck(self, step: str, awaitable: Awaitable[object]) -> bool:
-        """Awaits a step of :meth:`close`; once stopping now, for at most ``stop_timeout`` more;
-        False if it was given up.
+    async def _unless_stuck(self, step: str, awaitable: Awaitable[object]) -> None:
+        """Awaits a step of :meth:`close`; once stopping now, for at most ``stop_timeout`` more.
 
         A step still waiting then (a result or a put-back retried while every broker is down)
         is cancelled and logged with where every task waits: its deliveries stay unacked, so
@@ -248,12 +247,11 @@ class JobRunner:
                     await asyncio.wait({task}, timeout=1.0)
                     if task.done() and not task.cancelled():
                         task.exception()  # retrieved (a cancelled gather ends with one): not logged
-                    return False
+                    return
         except asyncio.CancelledError:
             task.cancel()
             raise
         await task
-        return True
 
     # -- the workers ----------------------------------------------------------------------------
 
