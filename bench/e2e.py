@@ -15,9 +15,11 @@ also splits it into hops): p50/p90/p99 for truba and for raw aio-pika.
 
 Variants are interleaved over rounds and the median kept (W2: all samples pooled); ratios are
 truba/raw, measured in the same run. ``--quick`` runs fewer tasks and one round (about a
-minute); the default takes a few minutes.
+minute); the default takes a few minutes. ``--w1-only`` runs only W1 with 100 B over 1 broker
+(20,000 tasks; 5,000 with ``--quick``), for interleaved A/B runs; with ``bench/amqp_count`` it
+also counts AMQP messages per task (see its ``sitecustomize.py``).
 
-    python bench/e2e.py [--quick] [--rounds 3] [--slots 2] [--json bench/results/e2e.json]
+    python bench/e2e.py [--quick] [--w1-only] [--rounds 3] [--slots 2] [--json bench/results/e2e.json]
 """
 
 from __future__ import annotations
@@ -216,6 +218,8 @@ def summarize(w1: dict[str, dict[str, list[object]]], w2: dict[str, list[float]]
             }
         row["ratio"] = row["truba"]["rate"] / row["raw"]["rate"]  # type: ignore[index]
         table[case] = row
+    if not any(w2.values()):  # --w1-only
+        return {"w1": table}
     latency = {
         name: {f"p{q}_ms": percentile(s, q) * 1000 for q in (50, 90, 99)} | {"n": len(s)}
         for name, s in w2.items()
@@ -226,7 +230,7 @@ def summarize(w1: dict[str, dict[str, list[object]]], w2: dict[str, list[float]]
 
 def print_table(result: dict[str, object]) -> None:
     w1: dict[str, dict[str, Any]] = result["w1"]  # type: ignore[assignment]
-    w2: dict[str, dict[str, float]] = result["w2"]  # type: ignore[assignment]
+    w2: dict[str, dict[str, float]] | None = result.get("w2")  # type: ignore[assignment]
     print(f"\nW1, median of {result['rounds']} rounds, load average {result['load']}")
     print(f"{'case':<20}{'truba/s':>9}{'raw/s':>9}{'ratio':>7}   CPU µs per task (truba | raw)")
     for case, row in w1.items():
@@ -235,6 +239,8 @@ def print_table(result: dict[str, object]) -> None:
         r_cpu = " ".join(f"{k} {v:.0f}" for k, v in raw["cpu_us"].items())
         rates = f"{truba['rate']:>9.0f}{raw['rate']:>9.0f}{row['ratio']:>7.2f}"
         print(f"{case:<20}{rates}   {t_cpu} | {r_cpu}")
+    if w2 is None:
+        return
     print(f"\nW2, one task at a time, {w2['truba']['n']:.0f} round trips each")
     print(f"{'':<8}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}")
     for name in ("truba", "raw"):
@@ -244,10 +250,14 @@ def print_table(result: dict[str, object]) -> None:
 
 async def main_async(args: argparse.Namespace) -> dict[str, object]:
     cases = QUICK if args.quick else FULL
+    if args.w1_only:
+        cases = [c for c in cases if c.size == 100 and c.brokers == 1]
     w1: dict[str, dict[str, list[object]]] = {}
+    w2: dict[str, list[float]] = {"truba": [], "raw": []}
     with one_daemon_cluster("truba-bench-e2e-", args.slots, brokers=1) as bench:
         await run_w1(bench, [c for c in cases if c.brokers == 1], args.rounds, w1)
-        w2 = await run_w2(bench, args.latency_tasks, args.rounds)
+        if not args.w1_only:
+            w2 = await run_w2(bench, args.latency_tasks, args.rounds)
     if any(c.brokers == 2 for c in cases):
         with one_daemon_cluster("truba-bench-e2e2-", args.slots, brokers=2) as bench:
             await run_w1(bench, [c for c in cases if c.brokers == 2], args.rounds, w1)
@@ -260,6 +270,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--slots", type=int, default=2)
     parser.add_argument("--latency-tasks", type=int, default=None)
+    parser.add_argument(
+        "--w1-only",
+        action="store_true",
+        help="only W1 with 100 B payloads over 1 broker (no W2): for A/B runs",
+    )
     parser.add_argument("--json", type=Path, default=Path("bench/results/e2e.json"))
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)
