@@ -43,6 +43,7 @@ from truba.errors import TrubaError
 from truba.pipes.base import Confirmation, Sender
 from truba.pipes.broker import Broker
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
+from truba.pipes.outbound import let_out
 from truba.queues import MAX_PRIORITY
 
 log = logging.getLogger(__name__)
@@ -178,11 +179,14 @@ class Submission:
         except (PipeError, CodecError, Unavailable):
             self._withdraw(task_id, key)
             raise
+        alone = not self._confirmations  # no other task of ours on its way to a broker
         self._watch_confirm(task_id, confirmation)
         if due:
             self.delayed.add(task_id, due)
         self._on_change()
         log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
+        if alone:  # one task at a time: it leaves before the caller's next step (see let_out)
+            await let_out()
         return task_id
 
     def _withdraw(self, task_id: str, key: str | None) -> None:

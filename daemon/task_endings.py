@@ -46,6 +46,7 @@ from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.outbound import let_out
 from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage, new_copy_id
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,8 @@ class TaskEndings:
             )
             confirmation = await self.pipes.results.send(result)
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
+        if len(self._queue) == 1:  # the only end on its way: it leaves before the worker goes on
+            await let_out()
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
         """Publishes ``task`` (with its attempt count) to its queue as a new copy; acks the
