@@ -103,8 +103,13 @@ class TaskEndings:
             )
             confirmation = await self.pipes.results.send(result)
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
-        if len(self._queue) == 1:  # the only end on its way: it leaves before the worker goes on
-            await let_out()
+        if len(self._queue) == 1 and not self._holding_results():
+            await let_out()  # the only end on its way: it leaves before the worker goes on
+
+    def _holding_results(self) -> bool:
+        """Results wait for a frame (a worker runs chunks of short tasks): none leaves alone now."""
+        frames = self.pipes.result_frames
+        return frames is not None and frames.holding
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
         """Publishes ``task`` (with its attempt count) to its queue as a new copy; acks the

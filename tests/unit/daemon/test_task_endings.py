@@ -13,6 +13,7 @@ from truba.daemon.runner import JobRunner
 from truba.daemon.stats import JobStats
 from truba.daemon.task_endings import TaskEndings
 from truba.logs import ContextFilter, bind
+from truba.pipes.frame_limits import FrameLimits
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
 
@@ -109,4 +110,25 @@ async def test_a_lone_result_is_on_the_socket_before_the_worker_goes_on() -> Non
     results.confirm()
     assert await ends.wait(0, 1.0)
     assert results.written == sent
+    await results.close()
+
+
+async def test_a_result_held_for_a_frame_does_not_wait_to_leave() -> None:
+    # A worker running chunks holds results for frames: none leaves alone, so waiting turns for
+    # it would only cost the chunk's tasks loop iterations.
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: TwoTurnLeaf[ResultMessage] = TwoTurnLeaf()
+    frames = FrameLimits()
+    ends = TaskEndings(
+        JobPipes(tasks, results, FakeSender(True), FakeSender(True), result_frames=frames), "d1", JobStats()
+    )
+    tasks.push(TaskMessage("t1", 1))
+    delivery = await tasks.get(0.0)
+    assert delivery is not None
+    frames.hold()
+    await ends.complete(delivery, ResultMessage("t1", True, 1, None, "d1", 0.0, 1))
+    assert results.written == []
+    frames.release()
+    results.confirm()
+    assert await ends.wait(0, 1.0)
     await results.close()
