@@ -120,7 +120,7 @@ class Job(Generic[P, R]):
         keys = self._submission.keys
         keys.on_active = lambda: self._stream.tell(keys.arrived, keys.settled)
         self._dispatch = Dispatch(info.id, self._stream, journal, self._status)
-        self._groups = Groups(GroupBook(journal.directory), self.submit, self._dispatch.pump)
+        self._groups = Groups(GroupBook(journal.directory), self._submit_claimed, self._dispatch.pump)
         self._dispatch.claims.append(self._groups.claim)
         self._dispatch.waiting = self._groups.waiting
         self._ending = JobEnding(
@@ -253,6 +253,13 @@ class Job(Generic[P, R]):
             sent, priority=priority, timeout=timeout, delay=delay, not_before=not_before, key=key
         )
 
+    def _submit_claimed(self, payload: P, **options: Any) -> Coroutine[Any, Any, str]:
+        """``submit`` for a task whose outcome a call or a group claims once it returns: at once,
+        not after the task left (see :meth:`Submission.submit`), so the claim is in place before
+        any outcome can be read."""
+        sent = pickled_payload(payload) if self._pickle else payload
+        return self._submission.submit(sent, leave_first=False, **options)
+
     async def close(self) -> None:
         """No more tasks: waits until brokers confirmed every task, then tells the scheduler."""
         if self._status.closed:
@@ -329,7 +336,7 @@ class Job(Generic[P, R]):
                 outcome goes to ``results()``/``on_result`` once.
         """
         outcome = await call_task(
-            self._dispatch, lambda: self.submit(payload, priority=priority, key=key), timeout
+            self._dispatch, lambda: self._submit_claimed(payload, priority=priority, key=key), timeout
         )
         return cast(R, outcome.result())
 

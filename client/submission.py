@@ -43,6 +43,7 @@ from truba.errors import TrubaError
 from truba.pipes.base import Confirmation, Sender
 from truba.pipes.broker import Broker
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed, PipeError
+from truba.pipes.outbound import let_out
 from truba.queues import MAX_PRIORITY
 
 log = logging.getLogger(__name__)
@@ -131,10 +132,17 @@ class Submission:
         delay: float | None = None,
         not_before: datetime | None = None,
         key: str | None = None,
+        leave_first: bool = True,
     ) -> str:
         """Records one task, sends it, and returns its id once a broker took it; see :meth:`Job.submit`.
         A task with an order ``key`` that is not its key's head is held instead
-        (:mod:`truba.client.key_order`): then it returns once the task is recorded."""
+        (:mod:`truba.client.key_order`): then it returns once the task is recorded.
+
+        A task sent while no other awaits its confirm (one at a time) returns once it is on the
+        broker's socket (:func:`~truba.pipes.outbound.let_out`), so the caller's next step runs
+        while it travels. ``leave_first=False``: at once, for a caller that must register for
+        the task's outcome first (a call, a group member): over in-process fakes an outcome
+        could come within those loop turns."""
         # One path for every task, inline: it is the hot path (a key costs its tests only).
         due = 0.0 if delay is None and not_before is None else due_time(delay, not_before, time.time())
         if key is not None:
@@ -178,11 +186,14 @@ class Submission:
         except (PipeError, CodecError, Unavailable):
             self._withdraw(task_id, key)
             raise
+        alone = not self._confirmations  # no other task of ours on its way to a broker
         self._watch_confirm(task_id, confirmation)
         if due:
             self.delayed.add(task_id, due)
         self._on_change()
         log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
+        if alone and leave_first:  # one task at a time: it leaves before the caller's next step
+            await let_out()
         return task_id
 
     def _withdraw(self, task_id: str, key: str | None) -> None:

@@ -46,6 +46,7 @@ from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
 from truba.pipes.errors import PipeClosed, PipeError
+from truba.pipes.outbound import let_out
 from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage, new_copy_id
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,13 @@ class TaskEndings:
             )
             confirmation = await self.pipes.results.send(result)
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
+        if len(self._queue) == 1 and not self._holding_results():
+            await let_out()  # the only end on its way: it leaves before the worker goes on
+
+    def _holding_results(self) -> bool:
+        """Results wait for a frame (a worker runs chunks of short tasks): none leaves alone now."""
+        frames = self.pipes.result_frames
+        return frames is not None and frames.holding
 
     async def requeue(self, delivery: Delivery[TaskMessage], task: TaskMessage, reason: str) -> None:
         """Publishes ``task`` (with its attempt count) to its queue as a new copy; acks the

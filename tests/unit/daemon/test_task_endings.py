@@ -7,11 +7,13 @@ import logging
 
 import pytest
 
+from tests.unit.pipes.two_turn_leaf import TwoTurnLeaf
 from truba.daemon.job_pipes import JobPipes
 from truba.daemon.runner import JobRunner
 from truba.daemon.stats import JobStats
 from truba.daemon.task_endings import TaskEndings
 from truba.logs import ContextFilter, bind
+from truba.pipes.frame_limits import FrameLimits
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
 
@@ -87,3 +89,46 @@ async def test_confirm_and_ack_events_name_their_own_task_when_acks_queue_up(
         ("daemon.task.confirmed", "t3", 0),
         ("daemon.task.acked", "t3", 0),
     ]
+
+
+async def test_a_lone_result_is_on_the_socket_before_the_worker_goes_on() -> None:
+    # One task at a time, the worker's bookkeeping after a result (its ack queued, the next take)
+    # ran before the result left: on the W2 round trip. Under load (other ends in flight) the
+    # worker goes on at once: the loop is sending anyway.
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: TwoTurnLeaf[ResultMessage] = TwoTurnLeaf()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
+    sent = []
+    for task_id in ("t1", "t2"):
+        tasks.push(TaskMessage(task_id, 1))
+        delivery = await tasks.get(0.0)
+        assert delivery is not None
+        result = ResultMessage(task_id, True, 1, None, "d1", 0.0, 1)
+        await ends.complete(delivery, result)
+        sent.append(result)
+        assert results.written == sent[:1]  # t1 alone: written; t2 behind t1's confirm: not yet
+    results.confirm()
+    assert await ends.wait(0, 1.0)
+    assert results.written == sent
+    await results.close()
+
+
+async def test_a_result_held_for_a_frame_does_not_wait_to_leave() -> None:
+    # A worker running chunks holds results for frames: none leaves alone, so waiting turns for
+    # it would only cost the chunk's tasks loop iterations.
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: TwoTurnLeaf[ResultMessage] = TwoTurnLeaf()
+    frames = FrameLimits()
+    ends = TaskEndings(
+        JobPipes(tasks, results, FakeSender(True), FakeSender(True), result_frames=frames), "d1", JobStats()
+    )
+    tasks.push(TaskMessage("t1", 1))
+    delivery = await tasks.get(0.0)
+    assert delivery is not None
+    frames.hold()
+    await ends.complete(delivery, ResultMessage("t1", True, 1, None, "d1", 0.0, 1))
+    assert results.written == []
+    frames.release()
+    results.confirm()
+    assert await ends.wait(0, 1.0)
+    await results.close()
