@@ -202,7 +202,8 @@ class _Rebalance:
         """
         k = 1
         held = self.draft.held(daemon, donor)
-        if self.donors and self.donors[0][2] == donor:  # the donor was the first one tried
+        packs_on = self.daemons.frees_at_once_packed(donor, receiver, daemon, held - 1)
+        if packs_on and self.donors[0][2] == donor:  # the donor was the first one tried
             r_dev = self.dev[receiver] + 1
             d_dev = self.dev[donor] - 1
             r_total = self.draft.totals.get(receiver, 0) + 1
