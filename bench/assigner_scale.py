@@ -15,12 +15,13 @@ sessions with no stream behind them, and times what the scheduler's loop does it
               slots (two background jobs of importance 1 and 2, the new one 1), and every
               daemon's outbox holds its new assignment, ms; and the same before this work
               (the moves' old scan, at most 512 moves per plan, one plan per replan delay)
-              estimated from one plan (--old)
+              estimated from one plan (--old); and with packing off (--spread: a new job's
+              slots spread over every daemon, as before moves.PACK_DEFICIT)
 
 Daemons have 4 or 8 slots, alternately, and allow every handler. Times are CPU time of this
 process (``time.process_time``), so a machine shared with other work does not inflate them.
 
-    python bench/assigner_scale.py [--daemons 2000 5000 10000] [--old]
+    python bench/assigner_scale.py [--daemons 2000 5000 10000] [--old] [--spread]
                                    [--json bench/results/assigner_scale.json]
 """
 
@@ -30,6 +31,7 @@ import argparse
 import asyncio
 import gc
 import json
+import math
 import statistics
 import sys
 import time
@@ -130,7 +132,7 @@ def timed_ms(call: Any) -> float:
     return (time.process_time() - began) * 1000
 
 
-def measure(n: int, old: bool) -> dict[str, object]:
+def measure(n: int, old: bool, spread: bool = False) -> dict[str, object]:
     clock = Clock()
     gc.collect()
     assigner, jobs, sessions, _ = cluster(n, clock, old)
@@ -146,6 +148,8 @@ def measure(n: int, old: bool) -> dict[str, object]:
     with pytest.MonkeyPatch.context() as patch:
         if old:
             patch.setattr(moves._Rebalance, "_daemon_for", scan)
+        if spread:
+            patch.setattr(moves, "PACK_DEFICIT", math.inf)
         plans.append(timed_ms(assigner.replan))
     reached = sum(1 for s in sessions if s._outbox)
     holders = sum(1 for s in sessions if "new" in s.held)
@@ -161,24 +165,29 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--daemons", type=int, nargs="+", default=[2000, 5000, 10000])
     parser.add_argument("--old", action="store_true", help="also the moves' old scan, 512 moves a plan")
+    parser.add_argument("--spread", action="store_true", help="also with packing off (the plans before it)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/assigner_scale.json"))
     args = parser.parse_args()
     runs = []
     for n in args.daemons:
-        for old in (False, True) if args.old else (False,):
-            row = asyncio.run(_measure(n, old))
-            row["variant"] = "before (scan, 512 moves a plan)" if old else "now"
+        variants = [(False, False)] + [(True, False)] * args.old + [(False, True)] * args.spread
+        for old, spread in variants:
+            row = asyncio.run(_measure(n, old, spread))
+            row["variant"] = (
+                "before (scan, 512 moves a plan)" if old else "spread (packing off)" if spread else "now"
+            )
             runs.append(row)
             print(json.dumps(row), file=sys.stderr)
     print(
         f"\n{'daemons':>8} {'variant':<32}{'hb idle µs':>11}{'hb busy µs':>11}{'check ms':>9}"
-        f"{'steady ms':>10}{'new job ms':>11}{'moved to':>9}{'of share':>9}"
+        f"{'steady ms':>10}{'new job ms':>11}{'moved to':>9}{'of share':>9}{'daemons':>9}"
     )
     for r in runs:
         print(
             f"{r['daemons']:>8} {r['variant']:<32}{r['heartbeat_idle_us']:>11}{r['heartbeat_busy_us']:>11}"
             f"{r['demand_check_ms']:>9}{r['steady_plan_ms']:>10}{r['new_job_first_plan_ms']:>11}"
             f"{r['new_job_slots_after_first_plan']:>9}{r['new_job_fair_share']:>9}"
+            f"{r['new_job_daemons_after_first_plan']:>9}"
         )
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({"benchmark": "assigner_scale", "runs": runs}, indent=2))
@@ -186,8 +195,8 @@ def main() -> int:
     return 0
 
 
-async def _measure(n: int, old: bool) -> dict[str, object]:
-    return measure(n, old)  # in a loop: demand checks and resends may schedule timers
+async def _measure(n: int, old: bool, spread: bool) -> dict[str, object]:
+    return measure(n, old, spread)  # in a loop: demand checks and resends may schedule timers
 
 
 if __name__ == "__main__":

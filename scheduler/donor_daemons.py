@@ -19,6 +19,13 @@ first current entry at the top is exactly the minimum the scan found, at O(log d
 move. (Pushing a fresh entry on every change, as before, cost three pushes and as many stale
 pops per move: a third of a 15,000-move plan.)
 
+A receiver far below its share (:data:`~truba.scheduler.moves.PACK_DEFICIT`) *packs* instead:
+among slots that free at once (idle ones, or any when no ends are known) the daemon where it
+has the *most* slots comes first, key ``(drain, -receiver's slots, -donor's slots, daemon)``; a
+slot that drains still spreads (see :meth:`DonorDaemons._placing`). Whether a pair packs is
+decided when its heap is built. For such a pair a move that gives the receiver a slot makes the
+daemon's key smaller where it frees at once: :meth:`moved` pushes a fresh entry for it too.
+
 Within one plan the hold is fixed (the times of the last gains and ``now`` do not change), and
 so is whether a daemon may run a handler: both are decided once per daemon and pair.
 """
@@ -30,7 +37,7 @@ from collections.abc import Callable, Mapping
 from typing import final
 
 from truba.scheduler.draft import DraftAssignment
-from truba.scheduler.drains import Drains
+from truba.scheduler.drains import IDLE, Drains
 from truba.scheduler.handler_pools import HandlerPools
 
 Pair = tuple[str, str]
@@ -48,6 +55,8 @@ class DonorDaemons:
         on_hold: whether a job's slots on a daemon are too fresh to take (daemon, job); fixed
             for the life of this object.
         drains: when the next slot taken from a job on a daemon frees (None: at once).
+        packs: whether a receiver's pairs pack (asked once per pair, when its heap is built;
+            None: none does, every pair spreads).
     """
 
     def __init__(
@@ -57,8 +66,10 @@ class DonorDaemons:
         handler: Mapping[str, str],
         on_hold: Callable[[str, str], bool],
         drains: Drains | None = None,
+        packs: Callable[[str], bool] | None = None,
     ) -> None:
         self._draft = draft
+        self._packs = packs
         self._pools = pools
         self._handler = handler
         self._on_hold = on_hold
@@ -68,6 +79,9 @@ class DonorDaemons:
         """Daemons the receiver may use where the donor's slots are on hold."""
         self._as_donor: dict[str, list[Pair]] = {}
         self._as_receiver: dict[str, list[Pair]] = {}
+        self._packing: dict[str, list[Pair]] = {}
+        """Receiver -> its pairs that pack (see :meth:`_key`)."""
+        self._packs_pair: dict[Pair, bool] = {}
 
     def pick(self, donor: str, receiver: str) -> tuple[str | None, bool]:
         """The daemon to take from (None: none qualifies), and whether a daemon where the donor
@@ -77,28 +91,45 @@ class DonorDaemons:
         heap = self._heaps.get(pair)
         if heap is None:
             heap = self._build(pair)
+        packs = self._packs_pair[pair]
+        free_all = self._drains is None
         theirs = self._draft.by_job.get(donor, {})
         mine = self._draft.by_job.get(receiver, {})
         while heap:
-            _, m, minus_n, daemon = heap[0]
+            drain, m, minus_n, daemon = heap[0]
             n = theirs.get(daemon, 0)
             if not n:
                 heapq.heappop(heap)  # the donor has nothing there any more
                 continue
             now = mine.get(daemon, 0)
+            if packs and (free_all or drain == IDLE):  # as _placing, inline: the hot loop
+                now = -now
             if minus_n == -n and m == now:
-                return daemon, False
-            heapq.heapreplace(heap, (self._drain(daemon, donor, n), now, -n, daemon))  # stale: put right
+                return daemon, False  # current (the drain is a function of n: current too)
+            heapq.heapreplace(heap, self._key(packs, daemon, donor, n, mine.get(daemon, 0)))  # put right
         held = any(theirs.get(daemon, 0) for daemon in self._held[pair])
         return None, held
+
+    def frees_at_once_packed(self, donor: str, receiver: str, daemon: str, n: int) -> bool:
+        """Whether the pair packs and the next of the donor's ``n`` slots on ``daemon`` frees at
+        once: then, after a move there, the pair's pick stays ``daemon`` while the donor has a
+        slot there that frees at once (its key only got smaller, the others' did not change)."""
+        if not self._packs_pair.get((donor, receiver), False) or n <= 0:
+            return False
+        return self._drains is None or self._drain(daemon, donor, n) == IDLE
 
     def moved(self, daemon: str, giver: str | None, taker: str) -> None:
         """A slot on ``daemon`` passed from ``giver`` (None: it was free) to ``taker``. Only the
         keys that became smaller get a fresh entry: those of pairs where ``taker`` gives (it
-        has one more slot there) and where ``giver`` receives (it has one fewer)."""
+        has one more slot there), where ``taker`` receives and packs (one more slot of the
+        receiver there is a smaller key where the slot frees at once), and where ``giver``
+        receives (one fewer is a smaller key where it spreads; a packing pair's key there may
+        be either, so it gets one too)."""
         by_job = self._draft.by_job
         for pair in self._as_donor.get(taker, ()):
             self._offer(pair, daemon, by_job.get(taker, {}).get(daemon, 0))
+        for pair in self._packing.get(taker, ()):
+            self._offer(pair, daemon, by_job.get(pair[0], {}).get(daemon, 0))
         if giver is not None:
             for pair in self._as_receiver.get(giver, ()):
                 self._offer(pair, daemon, by_job.get(pair[0], {}).get(daemon, 0))
@@ -107,8 +138,11 @@ class DonorDaemons:
         donor, receiver = pair
         self._heaps[pair] = []
         self._held[pair] = set()
+        packs = self._packs_pair[pair] = self._packs is not None and self._packs(receiver)
         self._as_donor.setdefault(donor, []).append(pair)
         self._as_receiver.setdefault(receiver, []).append(pair)
+        if packs:
+            self._packing.setdefault(receiver, []).append(pair)
         for daemon, n in self._draft.by_job.get(donor, {}).items():
             self._offer(pair, daemon, n, push=False)
         heap = self._heaps[pair]
@@ -124,16 +158,29 @@ class DonorDaemons:
         if self._on_hold(daemon, donor):
             self._held[pair].add(daemon)
             return
-        entry = (
-            self._drain(daemon, donor, n),
-            self._draft.by_job.get(receiver, {}).get(daemon, 0),
-            -n,
-            daemon,
+        entry = self._key(
+            self._packs_pair[pair], daemon, donor, n, self._draft.by_job.get(receiver, {}).get(daemon, 0)
         )
         if push:
             heapq.heappush(self._heaps[pair], entry)
         else:
             self._heaps[pair].append(entry)
+
+    def _key(self, packs: bool, daemon: str, donor: str, n: int, m: int) -> tuple[int, int, int, str]:
+        """``daemon``'s key for a pair whose donor has ``n`` slots there and receiver ``m``."""
+        drain = self._drain(daemon, donor, n)
+        return drain, self._placing(packs, drain, m), -n, daemon
+
+    def _placing(self, packs: bool, drain: int, m: int) -> int:
+        """The key's second part: the receiver's slots there, fewest first (spread) or, for a
+        packing pair where the slot frees at once, most first. Slots that drain (graceful
+        preemption) spread: their ends are estimates, and on one daemon the k-th slot taken
+        frees at the k-th of the donor's task ends there, where k slots taken on k daemons
+        free at the first end of each; packing those made a graceful job's wait for its share
+        longer (``bench/fairness.py``, see docs/scheduler.md)."""
+        if packs and (self._drains is None or drain == IDLE):
+            return -m
+        return m
 
     def _drain(self, daemon: str, donor: str, n: int) -> int:
         return self._drains.next_free(daemon, donor, n) if self._drains is not None else 0

@@ -4,15 +4,27 @@ Changes that only make planning cheaper (the move search, indexes, laziness) mus
 single slot: both planners run on many seeded random clusters (allow-lists, min/max slots,
 demands, holds, expected task ends, small move caps) and their plans must be equal, including the
 plans of a second round started from the first one's result.
+
+One change since the freeze means to plan differently: a receiver at least
+``moves.PACK_DEFICIT`` slots below its share takes its donors' slots packed, where the reference
+spreads them. A cluster with fewer slots than that cannot have such a receiver, so its plans are
+compared as they are; a larger one is compared with packing switched off (the threshold patched
+out), which checks that every plan the rule leaves spread is still the reference's. What packing
+itself plans is checked against the reference's totals in the large-cluster test below, and its
+daemon choice against a scan in ``test_donor_daemons.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import random
+from collections.abc import Iterator
 
 import pytest
 
 from tests.unit.scheduler.planner_v1 import planner as v1
+from truba.scheduler import moves
 from truba.scheduler import planner as now
 
 HANDLERS = ["examples.a:f", "examples.b:g", "other.c:h"]
@@ -112,6 +124,15 @@ class Case:
         )
 
 
+@contextlib.contextmanager
+def _spread_only(slots: int) -> Iterator[None]:
+    """Packing switched off where it could apply (a cluster of ``moves.PACK_DEFICIT`` slots or more)."""
+    with pytest.MonkeyPatch.context() as patch:
+        if slots >= moves.PACK_DEFICIT:
+            patch.setattr(moves, "PACK_DEFICIT", math.inf)
+        yield
+
+
 def _same(a: v1.Plan, b: now.Plan) -> None:
     assert b.assignment == a.assignment
     assert b.targets == a.targets
@@ -126,7 +147,8 @@ def test_plans_equal_the_reference_on_random_clusters(block: int) -> None:
         current: Current = case.current
         for _ in range(2):  # the plan, then the next one from its result (as the assigner does)
             ref = case.run_v1(current, given)
-            _same(ref, case.run_now(current, given))
+            with _spread_only(sum(slots for _, slots, _ in case.daemons)):
+                _same(ref, case.run_now(current, given))
             for pair in v1.gains(current, ref.assignment):
                 given[pair] = case.now
             current = {d: dict(row) for d, row in ref.assignment.items()}
@@ -135,7 +157,8 @@ def test_plans_equal_the_reference_on_random_clusters(block: int) -> None:
 
 def test_plans_equal_the_reference_on_a_large_cluster() -> None:
     """A cluster of the assigner_scale bench's kind, small enough for a unit test: two busy jobs
-    and a new one that takes its share by moves."""
+    and a new one that takes its share by moves (900 slots short: it packs, so it is compared
+    with packing off here, and by its totals with packing on)."""
     daemons = [(f"sim-{i:05d}", 4 if i % 2 == 0 else 8, ("*",)) for i in range(600)]
     base = [("bg1", "h", 1.0, 0.0, 0, 0, None), ("bg2", "h", 2.0, 1.0, 0, 0, None)]
     first = v1.plan([v1.Capacity(*d) for d in daemons], [v1.JobSpec(*j) for j in base], {})
@@ -148,12 +171,27 @@ def test_plans_equal_the_reference_on_a_large_cluster() -> None:
             now=10.0,
             policy=v1.Policy(*policy),
         )
-        got = now.plan(
+        with _spread_only(3600):
+            got = now.plan(
+                [now.Capacity(*d) for d in daemons],
+                [now.JobSpec(*j) for j in jobs],
+                first.assignment,
+                now=10.0,
+                policy=now.Policy(*policy),
+            )
+        assert ref.moves > 0
+        _same(ref, got)
+        packed = now.plan(
             [now.Capacity(*d) for d in daemons],
             [now.JobSpec(*j) for j in jobs],
             first.assignment,
             now=10.0,
             policy=now.Policy(*policy),
         )
-        assert ref.moves > 0
-        _same(ref, got)
+        assert (packed.targets, packed.moves, packed.settled) == (ref.targets, ref.moves, ref.settled)
+        assert now.job_totals(packed.assignment) == v1.job_totals(ref.assignment)
+        assert _holding(packed.assignment, "new") < _holding(ref.assignment, "new") / 2
+
+
+def _holding(assignment: dict[str, dict[str, int]], job: str) -> int:
+    return sum(1 for row in assignment.values() if job in row)
