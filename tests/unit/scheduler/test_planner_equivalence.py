@@ -171,23 +171,21 @@ def test_plans_equal_the_reference_on_a_large_cluster() -> None:
             now=10.0,
             policy=v1.Policy(*policy),
         )
-        with _spread_only(3600):
-            got = now.plan(
+
+        def plan_now(policy: tuple[float, int, float, float] = policy) -> now.Plan:
+            return now.plan(
                 [now.Capacity(*d) for d in daemons],
                 [now.JobSpec(*j) for j in jobs],
                 first.assignment,
                 now=10.0,
                 policy=now.Policy(*policy),
             )
+
+        with _spread_only(3600):
+            got = plan_now()
         assert ref.moves > 0
         _same(ref, got)
-        packed = now.plan(
-            [now.Capacity(*d) for d in daemons],
-            [now.JobSpec(*j) for j in jobs],
-            first.assignment,
-            now=10.0,
-            policy=now.Policy(*policy),
-        )
+        packed = plan_now()
         assert (packed.targets, packed.moves, packed.settled) == (ref.targets, ref.moves, ref.settled)
         assert now.job_totals(packed.assignment) == v1.job_totals(ref.assignment)
         assert _holding(packed.assignment, "new") < _holding(ref.assignment, "new") / 2
