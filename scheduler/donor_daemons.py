@@ -110,14 +110,6 @@ class DonorDaemons:
         held = any(theirs.get(daemon, 0) for daemon in self._held[pair])
         return None, held
 
-    def frees_at_once_packed(self, donor: str, receiver: str, daemon: str, n: int) -> bool:
-        """Whether the pair packs and the next of the donor's ``n`` slots on ``daemon`` frees at
-        once: then, after a move there, the pair's pick stays ``daemon`` while the donor has a
-        slot there that frees at once (its key only got smaller, the others' did not change)."""
-        if not self._packs_pair.get((donor, receiver), False) or n <= 0:
-            return False
-        return self._drains is None or self._drain(daemon, donor, n) == IDLE
-
     def moved(self, daemon: str, giver: str | None, taker: str) -> None:
         """A slot on ``daemon`` passed from ``giver`` (None: it was free) to ``taker``. Only the
         keys that became smaller get a fresh entry: those of pairs where ``taker`` gives (it

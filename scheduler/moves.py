@@ -23,8 +23,7 @@ Receivers are served neediest first (below their minimum first, then by deviatio
 ties); each takes from the donor furthest above its share (newest job on ties), on the donor's
 daemon where the slot frees soonest, then where the receiver has the fewest slots (spread), or,
 for a receiver at least :data:`PACK_DEFICIT` slots below its share and a slot that frees at
-once, where it has the most (packed: fewer daemons change; consecutive moves onto one daemon are
-made in one step, :meth:`_Rebalance._packed_run`). When allow-lists leave a receiver no
+once, where it has the most (packed: fewer daemons change). When allow-lists leave a receiver no
 direct donor, a short chain through other jobs may serve it (:mod:`~truba.scheduler.chains`,
 same rule between its two ends, same hold on every slot taken).
 
@@ -166,9 +165,6 @@ class _Rebalance:
             cost = sum(giver is not None for _, giver, _ in hops)
             if moves + cost > max_moves:
                 return Outcome(moves, False)
-            if len(hops) == 1 and hops[0][1] is not None and not self.skipped:
-                moves += self._packed_run(hops[0][0], hops[0][1], hops[0][2], max_moves - moves)
-                continue
             for daemon, giver, taker in hops:
                 if giver is None:
                     self.draft.add(daemon, taker)
@@ -188,55 +184,6 @@ class _Rebalance:
                 self._push(job)
             self.skipped.clear()
             moves += cost
-
-    def _packed_run(self, daemon: str, donor: str, receiver: str, room: int) -> int:
-        """Makes the move (``donor``'s slot on ``daemon`` to ``receiver``) and, when the pair
-        packs, the moves that would follow it one by one, all at once; returns how many.
-
-        One by one, the next move is the same as long as the receiver stays the top receiver,
-        the donor the top donor (both heaps' other entries are at least their root's children),
-        the rule allows the pair, and the donor's next slot there frees at once (a packing
-        pair's pick then stays on ``daemon``, :meth:`DonorDaemons.frees_at_once_packed`). A new
-        job packing 15,000 slots into 2,500 daemons makes 2,500 such runs, not 15,000 moves
-        through the heaps. The plan is exactly the one of single moves (a test compares them).
-        """
-        k = 1
-        held = self.draft.held(daemon, donor)
-        packs_on = self.daemons.frees_at_once_packed(donor, receiver, daemon, held - 1)
-        if packs_on and self.donors[0][2] == donor:  # the donor was the first one tried
-            r_dev = self.dev[receiver] + 1
-            d_dev = self.dev[donor] - 1
-            r_total = self.draft.totals.get(receiver, 0) + 1
-            rival_r = min(self.receivers[1:3], default=None)
-            rival_d = min(self.donors[1:3], default=None)
-            floor = self.floor.get(receiver)
-            while k < room and self.daemons.frees_at_once_packed(donor, receiver, daemon, held - k):
-                below = floor is not None and r_total < floor
-                r_key = round(r_dev, KEY_DIGITS)
-                d_key = round(d_dev, KEY_DIGITS)
-                if r_dev >= -EPS or d_dev <= EPS or d_key <= EPS or r_key >= -EPS:
-                    break
-                if rival_r is not None and (not below, r_key, self.ranks[receiver], receiver) >= rival_r:
-                    break
-                if rival_d is not None and (-d_key, -self.ranks[donor], donor) >= rival_d:
-                    break
-                outside = below or max(-r_dev, d_dev) >= self.deadband - EPS
-                if not (d_dev - r_dev > 1 + EPS and outside):
-                    break
-                k += 1
-                r_dev += 1
-                d_dev -= 1
-                r_total += 1
-        self.draft.remove(daemon, donor, k)
-        self.draft.add(daemon, receiver, k)
-        for _ in range(k):
-            self.chains.moved(daemon, donor, receiver)
-            self._shift(donor, -1)
-            self._shift(receiver, 1)
-        self.daemons.moved(daemon, donor, receiver)
-        self._push(donor)
-        self._push(receiver)
-        return k
 
     def _next(self) -> list[Hop] | None:
         """The next move (or chain of moves) to make, or None if none is allowed."""
