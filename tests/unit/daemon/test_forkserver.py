@@ -204,7 +204,7 @@ async def test_a_template_closed_while_its_reader_waits_leaves_no_stale_watch_on
     assert template is not None and template._sock is not None
     number = template._sock.fileno()
     closing = asyncio.create_task(template.close())  # waits for the template to exit meanwhile
-    await asyncio.sleep(0)
+    await eventually(lambda: template._sock is None, timeout=5)  # closed, its number free again
     read, write = os.pipe()
     try:
         assert read == number  # the lowest free number: the socket's
