@@ -279,6 +279,7 @@ class Client(ScheduleCalls):
                 options=options,
                 frames=None if delayed else frames,
                 log_confirms=False,  # the submission logs each failed confirm, with its task id
+                share_confirmations=True,  # the submission watches a frame's tasks with one callback
             ).sender
 
         # Every leaf shares one set of limits, which the job sizes (FrameSizer). Tasks of a job with

@@ -175,15 +175,23 @@ class Journal:
         write: a frame's confirm confirms all its tasks at once), or by :meth:`flush`. A mark
         not written (a crash first, or a disk error) only costs a duplicate after a crash.
         """
-        entry = self._entries.get(task_id)
-        if entry is None or entry.mark is not None or self._closed:
+        self.confirmed_many((task_id,))
+
+    def confirmed_many(self, task_ids: Iterable[str]) -> None:
+        """:meth:`confirmed` for each of ``task_ids`` (a frame's tasks share one confirm)."""
+        if self._closed:
             return
-        entry.mark = _PENDING
-        self._marking.append(task_id)
-        if len(self._marking) == 1:
+        entries, marking = self._entries, self._marking
+        was_empty = not marking
+        for task_id in task_ids:
+            entry = entries.get(task_id)
+            if entry is not None and entry.mark is None:
+                entry.mark = _PENDING
+                marking.append(task_id)
+        if was_empty and marking:
             try:
                 asyncio.get_running_loop().call_soon(self._write_marks)
-            except RuntimeError:  # no event loop: write it now
+            except RuntimeError:  # no event loop: write them now
                 self._write_marks()
 
     def _write_marks(self) -> None:
@@ -382,6 +390,13 @@ class MemoryJournal:
         entry = self._entries.get(task_id)
         if entry is not None:
             self._entries[task_id] = (entry[0], True, entry[2])
+
+    def confirmed_many(self, task_ids: Iterable[str]) -> None:
+        entries = self._entries
+        for task_id in task_ids:
+            entry = entries.get(task_id)
+            if entry is not None:
+                entries[task_id] = (entry[0], True, entry[2])
 
     def unmark(self, task_ids: Iterable[str]) -> None:
         for task_id in task_ids:

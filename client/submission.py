@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 import secrets
 import time
@@ -92,8 +91,9 @@ class Submission:
         self._on_change = on_change
         self._prefix = secrets.token_hex(3)
         self._next = 0
-        self._confirmations: dict[str, Confirmation] = {}
-        """Confirms awaited, by task."""
+        self._confirmations: dict[Confirmation, list[str]] = {}
+        """Confirms awaited, each with its tasks: the tasks of one frame share a confirmation
+        (:attr:`~truba.pipes.frame.FrameSender.share_confirmations`), watched by one callback."""
         self._failed: set[str] = set()
         """Tasks whose confirm failed: sent again at close (or when a broker is lost)."""
         self.delayed = DelayedCount(on_change)
@@ -186,12 +186,19 @@ class Submission:
         except (PipeError, CodecError, Unavailable):
             self._withdraw(task_id, key)
             raise
-        alone = not self._confirmations  # no other task of ours on its way to a broker
-        self._watch_confirm(task_id, confirmation)
+        awaiting = self._confirmations
+        alone = not awaiting  # no other task of ours on its way to a broker
+        tasks = awaiting.get(confirmation)  # _watch_confirm, inline: the hot path
+        if tasks is None:
+            awaiting[confirmation] = [task_id]
+            confirmation.add_done_callback(self._on_confirm)
+        else:
+            tasks.append(task_id)  # another task of the same frame
         if due:
             self.delayed.add(task_id, due)
         self._on_change()
-        log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("client.task.submitted", extra={"job_id": self._job_id, "task_id": task_id})
         if alone and leave_first:  # one task at a time: it leaves before the caller's next step
             await let_out()
         return task_id
@@ -203,21 +210,29 @@ class Submission:
             self.keys.withdrawn(task_id)
 
     def _watch_confirm(self, task_id: str, confirmation: Confirmation) -> None:
-        self._confirmations[task_id] = confirmation
-        confirmation.add_done_callback(functools.partial(self._on_confirm, task_id))
-
-    def _on_confirm(self, task_id: str, confirmation: Confirmation) -> None:
-        if self._confirmations.get(task_id) is confirmation:
-            del self._confirmations[task_id]
-        if not confirmation.cancelled() and confirmation.exception() is None:
-            self._failed.discard(task_id)
-            self._journal.confirmed(task_id)
+        tasks = self._confirmations.get(confirmation)
+        if tasks is None:
+            self._confirmations[confirmation] = [task_id]
+            confirmation.add_done_callback(self._on_confirm)
         else:
+            tasks.append(task_id)
+
+    def _on_confirm(self, confirmation: Confirmation) -> None:
+        """A confirmation came (or failed): for every task it carries, once."""
+        tasks = self._confirmations.pop(confirmation, None)
+        if tasks is None:  # seen already (settle_confirms)
+            return
+        if not confirmation.cancelled() and confirmation.exception() is None:
+            if self._failed:
+                self._failed.difference_update(tasks)
+            self._journal.confirmed_many(tasks)
+            return
+        error = repr(_error_of(confirmation))
+        for task_id in tasks:
             log.warning(
-                "client.task.unconfirmed",
-                extra={"job_id": self._job_id, "task_id": task_id, "error": repr(_error_of(confirmation))},
+                "client.task.unconfirmed", extra={"job_id": self._job_id, "task_id": task_id, "error": error}
             )
-            self._failed.add(task_id)
+        self._failed.update(tasks)
 
     async def _send_again(self, task_ids: list[str]) -> None:
         """Sends tasks of the journal again (read back from disk), in chunks."""
@@ -244,10 +259,11 @@ class Submission:
         """Brokers lost their data: every task without an outcome may have been there (its task
         or its result), so each is sent again once, unless its last send still awaits a confirm
         (the pipes see that one through); duplicate outcomes are dropped."""
+        awaiting = {task_id for tasks in self._confirmations.values() for task_id in tasks}
         again = [
             task_id
             for task_id in self._journal.outstanding()
-            if task_id not in self._confirmations and not self.keys.holds(task_id)
+            if task_id not in awaiting and not self.keys.holds(task_id)
         ]
         log.warning(
             "client.job.resubmit",
@@ -265,10 +281,10 @@ class Submission:
         async with self._reach.bounded(f"confirms of job {self._job_id}"):
             while self._confirmations:
                 # wait, not gather: a wait cut short must not cancel the confirmations.
-                await asyncio.wait(list(self._confirmations.values()))
-                for task_id, confirmation in list(self._confirmations.items()):
-                    if confirmation.done():
-                        del self._confirmations[task_id]
+                await asyncio.wait(list(self._confirmations))
+                for confirmation in list(self._confirmations):
+                    if confirmation.done():  # its callback, if it has not run yet, finds it seen
+                        self._on_confirm(confirmation)
 
     async def confirm_all(self) -> None:
         """Waits for every confirm, sending again (bounded) what a broker nacked or lost.

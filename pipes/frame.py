@@ -60,6 +60,8 @@ class _Pending:
     messages: list[bytes] = field(default_factory=list)
     outers: list[Confirmation] = field(default_factory=list)
     size: int = 0
+    shared: Confirmation | None = None
+    """``share_confirmations``: the one confirmation of every message gathered here."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -80,11 +82,21 @@ class FrameSender:
     name = "frame"
 
     def __init__(
-        self, inner: Sender[bytes], limits: FrameLimits | None = None, *, max_unconfirmed: int = 1000
+        self,
+        inner: Sender[bytes],
+        limits: FrameLimits | None = None,
+        *,
+        max_unconfirmed: int = 1000,
+        share_confirmations: bool = False,
     ) -> None:
         if max_unconfirmed < 1:
             raise ValueError(f"frame: max_unconfirmed must be >= 1, got {max_unconfirmed}")
         self.inner = inner
+        self.share_confirmations = share_confirmations
+        """Every message gathered into one frame gets the same confirmation object (it resolves
+        or fails with the frame either way): one future per frame instead of one per message,
+        and an owner can group its bookkeeping by confirmation. Only for owners that never
+        cancel a confirmation (a cancel would reach the frame's other members)."""
         self.limits = limits or FrameLimits()
         self._unregister = self.limits.on_release(self._released)
         self._window = Window(max_unconfirmed)
@@ -128,9 +140,15 @@ class FrameSender:
             self._flush_soon()  # the frame would grow past its byte cap: it goes first
             pending = self._pending
         loop = asyncio.get_running_loop()
-        outer: Confirmation = loop.create_future()
+        if not self.share_confirmations:
+            outer: Confirmation = loop.create_future()
+            pending.outers.append(outer)
+        elif pending.shared is None:
+            outer = pending.shared = loop.create_future()
+            pending.outers.append(outer)
+        else:
+            outer = pending.shared
         pending.messages.append(message)
-        pending.outers.append(outer)
         pending.size += len(message)
         self._window.take()
         if len(pending.messages) >= limits.max_messages or pending.size >= limits.max_bytes:

@@ -135,6 +135,7 @@ def send_stack(
     options: SendOptions | None = None,
     frames: FrameLimits | None = None,
     log_confirms: bool = True,
+    share_confirmations: bool = False,
 ) -> SendStack[T]:
     """``serialize → [spool] → retry → log → balance[[frame] → reopen → rabbit, ...]`` to ``queue``.
 
@@ -143,6 +144,8 @@ def send_stack(
     queue first. With ``frames``, each broker's leaf packs messages into frames under load, within
     those (shared) limits. ``log_confirms=False``: the owner logs failed confirmations itself
     (it watches each one), so the log layer adds no callback per message.
+    ``share_confirmations``: the members of a frame get one confirmation object (see
+    :attr:`FrameSender.share_confirmations`; for an owner that never cancels one).
     """
     opts = options or SendOptions()
     if opts.delayed and frames is not None:
@@ -158,7 +161,11 @@ def send_stack(
         )
         links.append(link)
         leaves.append(
-            link if frames is None else FrameSender(link, frames, max_unconfirmed=opts.max_unconfirmed)
+            link
+            if frames is None
+            else FrameSender(
+                link, frames, max_unconfirmed=opts.max_unconfirmed, share_confirmations=share_confirmations
+            )
         )
     start: Pipeline[T, T] = Pipeline(lambda sender: sender)
     encoded = start.layer(serialize(codec, opts.max_message_size))

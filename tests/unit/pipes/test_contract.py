@@ -157,6 +157,11 @@ def _frame(b: FakeSenderBottom[bytes, bytes], _: Path) -> Sender[bytes]:
     return FrameSender(b.leaf(), FrameLimits())
 
 
+def _frame_shared(b: FakeSenderBottom[bytes, bytes], _: Path) -> Sender[bytes]:
+    # The client's task leaf: a frame's members share one confirmation object.
+    return FrameSender(b.leaf(), FrameLimits(), share_confirmations=True)
+
+
 def _balance_frames(b: FakeSenderBottom[bytes, bytes], _: Path) -> Sender[bytes]:
     # The production shape over two brokers: a frame sender per leaf, under balance.
     return BalanceSender([FrameSender(b.leaf(), FrameLimits()) for _ in range(2)], rng=random.Random(7))
@@ -190,6 +195,7 @@ SENDERS = [
     # Frames: the bottom cannot confirm some members of a frame and not others, nor messages
     # still gathered (they are not at the broker yet): it releases confirms all at once.
     SenderImpl("frame", _senders(_bytes, _same, _frame, partial=False)),
+    SenderImpl("frame-shared", _senders(_bytes, _same, _frame_shared, partial=False)),
     SenderImpl("balance-frame-2", _senders(_bytes, _same, _balance_frames, partial=False)),
     SenderImpl("route-1", _senders(_text, _same, _route(lambda i: 0))),
     SenderImpl("route-2", _senders(_text, _same, _route(lambda i: i % 2))),  # keys alternate

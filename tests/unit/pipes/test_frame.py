@@ -484,3 +484,24 @@ async def test_a_record_that_cannot_be_read_lets_every_member_run_again() -> Non
     inner.push(pack([b"a", b"b"]), redelivered=True)
     got = [await listener.get(1.0) for _ in range(2)]
     assert [d.message for d in got if d is not None] == [b"a", b"b"]
+
+
+async def test_shared_confirmations_give_a_frames_members_one_confirmation_that_fails_with_it() -> None:
+    inner: FakeSender[bytes] = FakeSender()
+    sender = FrameSender(inner, FrameLimits(max_messages=3, max_delay=10.0), share_confirmations=True)
+    lone = await sender.send(b"a")  # nothing in flight: alone, a confirmation of its own
+    frame = [await sender.send(m) for m in (b"b", b"c", b"d")]  # full: goes at once
+    after = await sender.send(b"e")  # a new frame gathers: a new confirmation
+    assert frame[0] is frame[1] is frame[2]
+    assert len({id(lone), id(frame[0]), id(after)}) == 3
+    await _turn()
+    assert inner.sent == [b"a", pack([b"b", b"c", b"d"])]
+    inner.confirm(1)
+    await lone
+    assert not frame[0].done()
+    inner.reject(1)  # the frame is nacked: its one confirmation fails, every member stays unconfirmed
+    with pytest.raises(MessageRejected):
+        await frame[0]
+    assert sorted(sender.unconfirmed()) == [b"b", b"c", b"d", b"e"]
+    assert not after.done()
+    sender.drop_unconfirmed()
