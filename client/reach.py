@@ -71,6 +71,9 @@ class Reach:
         """Since when every broker is down (None: at least one is up, or none was checked)."""
         self._guards: set[BrokerWait] = set()
         """The broker waits under way (:meth:`bounded`)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The loop the last broker wait ran on: ``current_task(loop)`` without asking for the
+        running loop (a ``getpid`` system call each time) on every submit."""
         self._watchers: collections.Counter[str] = collections.Counter()
         """Loss watches checking each broker."""
 
@@ -239,7 +242,12 @@ class BrokerWait:
     async def __aenter__(self) -> None:
         reach = self._reach
         reach.check_brokers(self._what)
-        task = asyncio.current_task()
+        loop = reach._loop
+        # None on another loop than the last one (or none yet): then ask for the running one.
+        task = None if loop is None else asyncio.current_task(loop)
+        if task is None:
+            loop = reach._loop = asyncio.get_running_loop()
+            task = asyncio.current_task(loop)
         if task is None:
             raise RuntimeError("Reach.bounded() must be used inside a task")
         self._task = task

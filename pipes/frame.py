@@ -139,22 +139,21 @@ class FrameSender:
         if pending.messages and pending.size + len(message) > limits.max_bytes:
             self._flush_soon()  # the frame would grow past its byte cap: it goes first
             pending = self._pending
-        loop = asyncio.get_running_loop()
         if not self.share_confirmations:
-            outer: Confirmation = loop.create_future()
+            outer: Confirmation = asyncio.get_running_loop().create_future()
             pending.outers.append(outer)
         elif pending.shared is None:
-            outer = pending.shared = loop.create_future()
+            outer = pending.shared = asyncio.get_running_loop().create_future()
             pending.outers.append(outer)
         else:
-            outer = pending.shared
+            outer = pending.shared  # no running loop asked for: a getpid system call each time
         pending.messages.append(message)
         pending.size += len(message)
         self._window.take()
         if len(pending.messages) >= limits.max_messages or pending.size >= limits.max_bytes:
             self._flush_soon()
         elif self._timer is None:
-            self._timer = loop.call_later(limits.max_delay, self._flush_soon)
+            self._timer = asyncio.get_running_loop().call_later(limits.max_delay, self._flush_soon)
         return outer
 
     def unconfirmed(self) -> Sequence[bytes]:

@@ -197,3 +197,30 @@ async def test_a_broker_wait_lets_its_own_timeouts_and_cancellations_through() -
 async def _wait_bounded(reach: Reach) -> None:
     async with reach.bounded("submit"):
         await asyncio.sleep(30)
+
+
+def test_a_broker_wait_finds_its_task_on_each_loop_it_runs_on() -> None:
+    # The reach keeps the last wait's loop (no running-loop lookup per submit): a wait in another
+    # task, or on a later loop, must still guard its own task.
+    reach = Reach(0.05)
+
+    async def guarded() -> asyncio.Task[object] | None:
+        async with reach.bounded("submit"):
+            return asyncio.current_task()
+
+    async def two_tasks() -> None:
+        first = asyncio.create_task(guarded())
+        second = asyncio.create_task(guarded())
+        assert await first is first and await second is second
+
+    asyncio.run(two_tasks())
+
+    async def an_outage_on_a_new_loop() -> None:
+        reach.broker_up("amqp://b0")
+        with pytest.raises(Unavailable, match="submit"):
+            async with reach.bounded("submit"):
+                reach.broker_down("amqp://b0", ConnectionError("stopped"))
+                await asyncio.sleep(30)  # cancelled at the outage's bound, on this loop
+
+    asyncio.run(an_outage_on_a_new_loop())
+    assert not reach._guards
