@@ -76,6 +76,44 @@ async def test_confirm_marks_are_written_together_once_the_loop_turns(
     await again.close()
 
 
+async def test_a_frames_tasks_are_confirmed_at_once_in_one_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    journal = Journal.open(tmp_path / "j", fsync="never")
+    for i in range(5):
+        await journal.record(f"t{i}", b"x")
+    journal.confirmed("t0")
+    await asyncio.sleep(0)
+    writes: list[int] = []
+    append_many = journal._confirms.append_many
+
+    def counting(records: Sequence[bytes]) -> list[int]:
+        writes.append(len(records))
+        return append_many(records)
+
+    monkeypatch.setattr(journal._confirms, "append_many", counting)
+    # t0 confirmed already, "gone" never recorded: neither gets a second mark
+    journal.confirmed_many(["t0", "t1", "gone", "t2", "t3"])
+    assert journal.unconfirmed() == ["t4"] and writes == []
+    await asyncio.sleep(0)
+    assert writes == [3]
+    journal.confirmed_many([])  # nothing to mark: no write scheduled
+    await asyncio.sleep(0)
+    assert writes == [3]
+    crash(journal)
+    again = Journal.open(tmp_path / "j")
+    assert again.outstanding() == ["t0", "t1", "t2", "t3", "t4"] and again.unconfirmed() == ["t4"]
+    await again.close()
+
+
+def test_the_memory_journal_confirms_a_frames_tasks_at_once() -> None:
+    journal = MemoryJournal()
+    for i in range(3):
+        asyncio.run(journal.record(f"t{i}", b"x"))
+    journal.confirmed_many(["t0", "t2", "gone"])
+    assert journal.unconfirmed() == ["t1"] and journal.outstanding() == ["t0", "t1", "t2"]
+
+
 async def test_a_pending_mark_is_written_at_close_and_dropped_by_unmark(tmp_path: Path) -> None:
     journal = Journal.open(tmp_path / "j", fsync="never")
     await journal.record("t0", b"x")
