@@ -167,6 +167,14 @@ def _balance_frames(b: FakeSenderBottom[bytes, bytes], _: Path) -> Sender[bytes]
     return BalanceSender([FrameSender(b.leaf(), FrameLimits()) for _ in range(2)], rng=random.Random(7))
 
 
+def _balance_frames_shared(b: FakeSenderBottom[bytes, bytes], _: Path) -> Sender[bytes]:
+    # The client's task stack over two brokers: shared confirmations under balance.
+    return BalanceSender(
+        [FrameSender(b.leaf(), FrameLimits(), share_confirmations=True) for _ in range(2)],
+        rng=random.Random(7),
+    )
+
+
 def _route(key: Callable[[int], int]) -> Callable[[FakeSenderBottom[str, str], Path], Sender[str]]:
     """A leaf per key; message ``m<i>`` goes by key ``key(i)``."""
 
@@ -197,6 +205,7 @@ SENDERS = [
     SenderImpl("frame", _senders(_bytes, _same, _frame, partial=False)),
     SenderImpl("frame-shared", _senders(_bytes, _same, _frame_shared, partial=False)),
     SenderImpl("balance-frame-2", _senders(_bytes, _same, _balance_frames, partial=False)),
+    SenderImpl("balance-frame-shared-2", _senders(_bytes, _same, _balance_frames_shared, partial=False)),
     SenderImpl("route-1", _senders(_text, _same, _route(lambda i: 0))),
     SenderImpl("route-2", _senders(_text, _same, _route(lambda i: i % 2))),  # keys alternate
     # The warm-up message m0 on a route of its own, every later one on another.
