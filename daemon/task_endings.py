@@ -175,7 +175,7 @@ class TaskEndings:
                 self._fewer.set()
 
     async def _ack_when_confirmed(self, end: _End) -> None:
-        delivery, what, ok, context = end.delivery, end.what, end.ok, end.context
+        delivery, what, context = end.delivery, end.what, end.context
         task_id = delivery.message.task_id
         started = time.perf_counter()
         try:
