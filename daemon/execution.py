@@ -219,9 +219,10 @@ class Execution:
     async def _admit(self, worker: Worker, delivery: Delivery[TaskMessage]) -> int | None:
         """The attempts the task has spent if it is to run now; None once it was ended otherwise."""
         task = delivery.message
-        self.events.received(task.task_id, delivery.redelivered, task.attempts)
+        redelivered = delivery.redelivered  # read once: a property through every layer of the stack
+        self.events.received(task.task_id, redelivered, task.attempts)
         settings = self.terms.settings
-        admission = admit(task, delivery.redelivered, delivery.headers, settings.max_attempts)
+        admission = admit(task, redelivered, delivery.headers, settings.max_attempts)
         if (
             admission.verdict is Verdict.RUN
             and not (task.expires and time.time() > task.expires)

@@ -125,6 +125,9 @@ def open_job_pipes(
             role="results",
             options=SendOptions(copy_to=job.result_log),
             frames=result_frames,
+            # The acker awaits every result's confirmation and logs a failed one with its task
+            # (``daemon.task.unconfirmed``): no log callback (and loop turn) per result.
+            log_confirms=False,
         ).sender,
         requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),
         dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,

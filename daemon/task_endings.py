@@ -152,17 +152,30 @@ class TaskEndings:
             self._acker = asyncio.create_task(self._ack_in_order())
 
     async def _ack_in_order(self) -> None:
-        """Acks (or rejects) each end once its confirms came, oldest first, until none is left."""
-        while self._queue:
-            end = self._queue[0]
+        """Acks (or rejects) each end once its confirms came, oldest first, until none is left.
+
+        Under load most ends are confirmed by their turn (a frame's confirm settles every result
+        in it): those are acked here directly, without a coroutine per end for the wait."""
+        queue, is_open = self._queue, self._open.is_set
+        while queue:
+            end = queue[0]
             try:
-                await self._ack_when_confirmed(end)
+                if is_open() and _confirmed(end.confirmations):
+                    self._count_confirmed(end, 0.0)
+                    delivery = end.delivery
+                    try:
+                        await delivery.ack()
+                    except PipeError as exc:  # as settle(): a dead channel's broker requeued it already
+                        log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})
+                    self.events.settled(delivery.message.task_id, end.what, acked=True, context=end.context)
+                else:
+                    await self._ack_when_confirmed(end)
             finally:
-                self._queue.popleft()
+                queue.popleft()
                 self._fewer.set()
 
     async def _ack_when_confirmed(self, end: _End) -> None:
-        delivery, what, ok, context = end.delivery, end.what, end.ok, end.context
+        delivery, what, context = end.delivery, end.what, end.context
         task_id = delivery.message.task_id
         started = time.perf_counter()
         try:
@@ -177,17 +190,22 @@ class TaskEndings:
             if exc.retryable:
                 self.on_broken(exc)
             return
-        self.events.confirmed(task_id, what, time.perf_counter() - started, context)
-        if ok is True:
-            self.stats.done += 1
-        elif ok is False:
-            self.stats.failed += 1
-        if end.gave_up:
-            self.stats.gave_up += 1
+        self._count_confirmed(end, time.perf_counter() - started)
         if not self._open.is_set():  # held (the common case is not: no coroutine for it then)
             await self._open.wait()
         await settle(delivery.ack())
         self.events.settled(task_id, what, acked=True, context=context)
+
+    def _count_confirmed(self, end: _End, waited: float) -> None:
+        """Tells and counts an end whose confirms all came, ``waited`` seconds after its turn."""
+        self.events.confirmed(end.delivery.message.task_id, end.what, waited, end.context)
+        stats, ok = self.stats, end.ok
+        if ok is True:
+            stats.done += 1
+        elif ok is False:
+            stats.failed += 1
+        if end.gave_up:
+            stats.gave_up += 1
 
     async def wait(self, limit: int = 0, timeout: float | None = None) -> bool:
         """Waits until at most ``limit`` ends are in flight; False if ``timeout`` passed first."""
@@ -213,6 +231,14 @@ class _End:
     gave_up: bool
     context: contextvars.Context
     """The log context it was published in (its task's ids)."""
+
+
+def _confirmed(confirmations: Sequence[Confirmation]) -> bool:
+    """Every one came, and none failed."""
+    for confirmation in confirmations:
+        if not confirmation.done() or confirmation.cancelled() or confirmation.exception() is not None:
+            return False
+    return True
 
 
 def _record_once_copied(

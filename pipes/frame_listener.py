@@ -45,6 +45,9 @@ class _Frame:
 
     def __init__(self, delivery: Delivery[bytes], members: int, requeue: Sender[bytes] | None) -> None:
         self.delivery = delivery
+        # Read once for every member (each a property through the layers below, down to aiormq).
+        self.redelivered = delivery.redelivered
+        self.headers = delivery.headers
         self.left = members
         self.requeue = requeue
         self.again = False  # a member asked to run again, and could not be sent alone
@@ -86,7 +89,7 @@ class _Member:
 
     @property
     def redelivered(self) -> bool:
-        return self._frame.delivery.redelivered
+        return self._frame.redelivered
 
     @property
     def framed(self) -> bool:
@@ -94,7 +97,7 @@ class _Member:
 
     @property
     def headers(self) -> Mapping[str, object]:
-        return self._frame.delivery.headers
+        return self._frame.headers
 
     async def ack(self) -> None:
         await self._settle("ack")

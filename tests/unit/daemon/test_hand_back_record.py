@@ -26,6 +26,7 @@ from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import ChannelLost, MessageRejected
 from truba.pipes.fake_broker import FakeBroker
 from truba.pipes.frame import pack
+from truba.pipes.log import LogSender
 from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeListener, FakeSender
 from truba.wire import (
@@ -398,3 +399,16 @@ def test_a_tasks_copy_id_travels_in_its_body_and_a_clients_task_is_copy_0() -> N
     assert codec.encode(fresh) == codec.encode(TaskMessage("t", [1], copy_id=0))  # unchanged bytes
     assert codec.decode(codec.encode(fresh)).copy_id == 0
     assert len({new_copy_id() for _ in range(1000)}) == 1000
+
+
+async def test_results_confirms_are_watched_by_the_acker_not_the_log_layer(broker: FakeBroker) -> None:
+    # The acker awaits each result's confirmation and logs a failed one with its task
+    # (daemon.task.unconfirmed): the results' log layer adds no callback per message.
+    pipes = open_job_pipes([broker], _wanted(), Window(1))
+    try:
+        layer: object = pipes.results
+        while not isinstance(layer, LogSender):
+            layer = layer.inner  # type: ignore[attr-defined]
+        assert layer.role == "results" and layer.confirms is False
+    finally:
+        await pipes.close()

@@ -132,3 +132,47 @@ async def test_a_result_held_for_a_frame_does_not_wait_to_leave() -> None:
     results.confirm()
     assert await ends.wait(0, 1.0)
     await results.close()
+
+
+async def test_ends_confirmed_before_their_turn_are_acked_in_order_and_a_failed_one_rejected(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Under load a frame's confirm settles many results before the acker reaches them: those
+    # are acked without waiting (no coroutine per end), still in order, still counted; one whose
+    # confirm failed among them goes back to the broker, told with its own task.
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: FakeSender[ResultMessage] = FakeSender()
+    stats = JobStats()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", stats)
+    with caplog.at_level(logging.INFO, logger="truba.daemon"):
+        for task_id in ("t1", "t2", "t3", "t4"):
+            tasks.push(TaskMessage(task_id, 1))
+            delivery = await tasks.get(0.0)
+            assert delivery is not None
+            await ends.complete(delivery, ResultMessage(task_id, True, 1, None, "d1", 0.0, 1))
+        results.confirm(1)  # t1
+        results.reject(1)  # t2: nacked (it stays unconfirmed, first in line)
+        results.confirm()  # t2 already failed; t3, t4 confirmed
+        assert await ends.wait(0, 1.0)
+    assert tasks.acked == [TaskMessage("t1", 1), TaskMessage("t3", 1), TaskMessage("t4", 1)]
+    assert tasks.rejected == [(TaskMessage("t2", 1), True)]
+    assert (stats.done, stats.failed) == (3, 0)
+    unconfirmed = [r for r in caplog.records if r.message == "daemon.task.unconfirmed"]
+    assert [r.task_id for r in unconfirmed] == ["t2"]  # type: ignore[attr-defined]
+
+
+async def test_acks_of_ends_confirmed_meanwhile_still_wait_for_a_hold() -> None:
+    tasks: FakeListener[TaskMessage] = FakeListener()
+    results: FakeSender[ResultMessage] = FakeSender()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
+    async with ends.hold():
+        for task_id in ("t1", "t2"):
+            tasks.push(TaskMessage(task_id, 1))
+            delivery = await tasks.get(0.0)
+            assert delivery is not None
+            await ends.complete(delivery, ResultMessage(task_id, True, 1, None, "d1", 0.0, 1))
+        results.confirm()
+        await asyncio.sleep(0.02)
+        assert tasks.acked == [] and ends.in_flight == 2
+    assert await ends.wait(0, 1.0)
+    assert tasks.acked == [TaskMessage("t1", 1), TaskMessage("t2", 1)]
