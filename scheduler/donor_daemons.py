@@ -95,7 +95,7 @@ class DonorDaemons:
         self._handler = handler
         self._on_hold = on_hold
         self._drains = drains if drains is not None and drains.known else None
-        self._now = drains.now if self._drains is not None else 0.0
+        self._now = self._drains.now if self._drains is not None else 0.0
         self._pairs: dict[Pair, _Pair] = {}
         self._as_donor: dict[str, list[_Pair]] = {}
         self._as_receiver: dict[str, list[_Pair]] = {}
@@ -127,7 +127,9 @@ class DonorDaemons:
                     return daemon, False  # current (the drain is a function of n: current too)
             elif minus_n == -n and m == now:
                 return daemon, False
-            heapq.heapreplace(heap, self._key(packs, pair.fit[daemon], daemon, n, now))  # put right
+            ends = pair.fit[daemon]  # judged when its first entry was made: it qualifies
+            assert ends is not None
+            heapq.heapreplace(heap, self._key(packs, ends, daemon, n, now))  # put right
         held = any(theirs.get(daemon, 0) for daemon in pair.held)
         return None, held
 

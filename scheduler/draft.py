@@ -105,8 +105,8 @@ class DraftAssignment:
         totals = self.totals
         totals[donor] -= 1
         row[receiver] = row.get(receiver, 0) + 1
-        where = self.by_job.get(receiver)
-        if where is None:
-            where = self.by_job[receiver] = {}
-        where[daemon] = where.get(daemon, 0) + 1
+        there = self.by_job.get(receiver)
+        if there is None:
+            there = self.by_job[receiver] = {}
+        there[daemon] = there.get(daemon, 0) + 1
         totals[receiver] = totals.get(receiver, 0) + 1

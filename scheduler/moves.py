@@ -186,8 +186,8 @@ class _Rebalance:
             hops = self._next()
             if hops is None:
                 return Outcome(moves, not self.blocked)
-            if len(hops) == 1 and hops[0][1] is not None:
-                daemon, donor, receiver = hops[0]
+            daemon, donor, receiver = hops[0]
+            if len(hops) == 1 and donor is not None:
                 if moves + 1 > max_moves:
                     return Outcome(moves, False)
                 draft.move(daemon, donor, receiver)
