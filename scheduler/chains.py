@@ -95,6 +95,8 @@ class Chains:
 
     def moved(self, daemon: str, giver: str | None, taker: str) -> None:
         """Keeps the indexes right after a slot on ``daemon`` passed from ``giver`` to ``taker``."""
+        if self._free is None and not self._holders:
+            return  # no chain was looked for yet: nothing to keep (the usual plan)
         pool = self._pools.of_daemon.get(daemon)
         if pool is None:
             return

@@ -33,15 +33,36 @@ so is whether a daemon may run a handler: both are decided once per daemon and p
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Mapping
-from typing import final
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Final, final
 
 from truba.scheduler.draft import DraftAssignment
-from truba.scheduler.drains import IDLE, Drains
+from truba.scheduler.drains import IDLE, RESOLUTION, Drains
 from truba.scheduler.handler_pools import HandlerPools
 
 Pair = tuple[str, str]
 """(donor, receiver)."""
+
+
+@final
+class _Pair:
+    """One (donor, receiver) pair's heap and what is fixed for it during the plan."""
+
+    __slots__ = ("donor", "fit", "heap", "held", "packs", "receiver")
+
+    def __init__(self, donor: str, receiver: str, packs: bool) -> None:
+        self.donor = donor
+        self.receiver = receiver
+        self.packs = packs
+        self.heap: list[tuple[int, int, int, str]] = []
+        self.held: set[str] = set()
+        """Daemons the receiver may use where the donor's slots are on hold."""
+        self.fit: dict[str, Sequence[float] | None] = {}
+        """Daemon -> the donor's expected task ends there (:meth:`Drains.ends`; empty when ends
+        are unknown) if the daemon qualifies (the receiver may run there, the donor's slots are
+        not on hold), None if not: both are fixed for the plan, so each daemon is judged once
+        per pair, when first offered."""
 
 
 @final
@@ -74,27 +95,26 @@ class DonorDaemons:
         self._handler = handler
         self._on_hold = on_hold
         self._drains = drains if drains is not None and drains.known else None
-        self._heaps: dict[Pair, list[tuple[int, int, int, str]]] = {}
-        self._held: dict[Pair, set[str]] = {}
-        """Daemons the receiver may use where the donor's slots are on hold."""
-        self._as_donor: dict[str, list[Pair]] = {}
-        self._as_receiver: dict[str, list[Pair]] = {}
-        self._packing: dict[str, list[Pair]] = {}
+        self._now = self._drains.now if self._drains is not None else 0.0
+        self._pairs: dict[Pair, _Pair] = {}
+        self._as_donor: dict[str, list[_Pair]] = {}
+        self._as_receiver: dict[str, list[_Pair]] = {}
+        self._packing: dict[str, list[_Pair]] = {}
         """Receiver -> its pairs that pack (see :meth:`_key`)."""
-        self._packs_pair: dict[Pair, bool] = {}
 
     def pick(self, donor: str, receiver: str) -> tuple[str | None, bool]:
         """The daemon to take from (None: none qualifies), and whether a daemon where the donor
         holds slots was ruled out by the hold (only computed when none qualifies, the only case
         in which the caller reads it)."""
-        pair = (donor, receiver)
-        heap = self._heaps.get(pair)
-        if heap is None:
-            heap = self._build(pair)
-        packs = self._packs_pair[pair]
+        pair = self._pairs.get((donor, receiver))
+        if pair is None:
+            pair = self._build(donor, receiver)
+        heap = pair.heap
+        packs = pair.packs
         free_all = self._drains is None
-        theirs = self._draft.by_job.get(donor, {})
-        mine = self._draft.by_job.get(receiver, {})
+        by_job = self._draft.by_job
+        theirs = by_job.get(donor, _NONE)
+        mine = by_job.get(receiver, _NONE)
         while heap:
             drain, m, minus_n, daemon = heap[0]
             n = theirs.get(daemon, 0)
@@ -103,11 +123,14 @@ class DonorDaemons:
                 continue
             now = mine.get(daemon, 0)
             if packs and (free_all or drain == IDLE):  # as _placing, inline: the hot loop
-                now = -now
-            if minus_n == -n and m == now:
-                return daemon, False  # current (the drain is a function of n: current too)
-            heapq.heapreplace(heap, self._key(packs, daemon, donor, n, mine.get(daemon, 0)))  # put right
-        held = any(theirs.get(daemon, 0) for daemon in self._held[pair])
+                if minus_n == -n and m == -now:
+                    return daemon, False  # current (the drain is a function of n: current too)
+            elif minus_n == -n and m == now:
+                return daemon, False
+            ends = pair.fit[daemon]  # judged when its first entry was made: it qualifies
+            assert ends is not None
+            heapq.heapreplace(heap, self._key(packs, ends, daemon, n, now))  # put right
+        held = any(theirs.get(daemon, 0) for daemon in pair.held)
         return None, held
 
     def moved(self, daemon: str, giver: str | None, taker: str) -> None:
@@ -118,49 +141,120 @@ class DonorDaemons:
         receives (one fewer is a smaller key where it spreads; a packing pair's key there may
         be either, so it gets one too)."""
         by_job = self._draft.by_job
-        for pair in self._as_donor.get(taker, ()):
-            self._offer(pair, daemon, by_job.get(taker, {}).get(daemon, 0))
-        for pair in self._packing.get(taker, ()):
-            self._offer(pair, daemon, by_job.get(pair[0], {}).get(daemon, 0))
+        pairs = self._as_donor.get(taker)
+        if pairs:
+            n = by_job.get(taker, _NONE).get(daemon, 0)
+            for pair in pairs:
+                self._offer(pair, daemon, n)
+        pairs = self._packing.get(taker)
+        if pairs:  # a packing receiver's every move (a new job's 15,000): _offer, inline
+            m = by_job[taker][daemon]
+            for pair in pairs:
+                n = by_job.get(pair.donor, _NONE).get(daemon, 0)
+                if n <= 0:
+                    continue
+                ends = pair.fit.get(daemon, _UNSEEN)
+                if ends is _UNSEEN:
+                    ends = self._fit(pair, daemon)
+                if ends is None:
+                    continue
+                entry = self._key(True, ends, daemon, n, m)
+                heap = pair.heap
+                if heap and heap[0][3] == daemon:
+                    heapq.heapreplace(heap, entry)
+                else:
+                    heapq.heappush(heap, entry)
         if giver is not None:
-            for pair in self._as_receiver.get(giver, ()):
-                self._offer(pair, daemon, by_job.get(pair[0], {}).get(daemon, 0))
+            pairs = self._as_receiver.get(giver)
+            if pairs:
+                for pair in pairs:
+                    self._offer(pair, daemon, by_job.get(pair.donor, _NONE).get(daemon, 0))
 
-    def _build(self, pair: Pair) -> list[tuple[int, int, int, str]]:
-        donor, receiver = pair
-        self._heaps[pair] = []
-        self._held[pair] = set()
-        packs = self._packs_pair[pair] = self._packs is not None and self._packs(receiver)
+    def _build(self, donor: str, receiver: str) -> _Pair:
+        pair = self._pairs[(donor, receiver)] = _Pair(
+            donor, receiver, self._packs is not None and self._packs(receiver)
+        )
         self._as_donor.setdefault(donor, []).append(pair)
         self._as_receiver.setdefault(receiver, []).append(pair)
+        packs = pair.packs
         if packs:
             self._packing.setdefault(receiver, []).append(pair)
-        for daemon, n in self._draft.by_job.get(donor, {}).items():
-            self._offer(pair, daemon, n, push=False)
-        heap = self._heaps[pair]
+        # Every daemon of the donor is judged and keyed here (the first pick of a pair): at
+        # 10,000 daemons this loop is a fifth of a new job's plan, so :meth:`_fit` and
+        # :meth:`_key` are written out (the pair is new: no daemon judged yet).
+        mine = self._draft.by_job.get(receiver, _NONE)
+        heap = pair.heap
+        fits = pair.fit
+        runs_there = self._pools.may_run
+        handler = self._handler[receiver]
+        on_hold = self._on_hold
+        drains = self._drains
+        key = self._key
+        for daemon, n in self._draft.by_job.get(donor, _NONE).items():
+            if n <= 0:
+                continue
+            if not runs_there(daemon, handler):
+                fits[daemon] = None
+            elif on_hold(daemon, donor):
+                pair.held.add(daemon)
+                fits[daemon] = None
+            elif drains is None:
+                fits[daemon] = ()
+                m = mine.get(daemon, 0)
+                heap.append((0, -m if packs else m, -n, daemon))
+            else:
+                ends = fits[daemon] = drains.ends(daemon, donor)
+                heap.append(key(packs, ends, daemon, n, mine.get(daemon, 0)))
         heapq.heapify(heap)
-        return heap
+        return pair
 
-    def _offer(self, pair: Pair, daemon: str, n: int, *, push: bool = True) -> None:
-        """Adds ``daemon``'s current entry to ``pair``'s heap if it qualifies (``n``: the donor's
-        slots there)."""
-        donor, receiver = pair
-        if n <= 0 or not self._pools.may_run(daemon, self._handler[receiver]):
+    def _fit(self, pair: _Pair, daemon: str) -> Sequence[float] | None:
+        """``pair.fit[daemon]``, judged on the first ask."""
+        fit = pair.fit.get(daemon, _UNSEEN)
+        if fit is not _UNSEEN:
+            return fit
+        fit = None
+        if not self._pools.may_run(daemon, self._handler[pair.receiver]):
+            pass
+        elif self._on_hold(daemon, pair.donor):
+            pair.held.add(daemon)
+        else:
+            fit = self._drains.ends(daemon, pair.donor) if self._drains is not None else ()
+        pair.fit[daemon] = fit
+        return fit
+
+    def _offer(self, pair: _Pair, daemon: str, n: int) -> None:
+        """Gives ``daemon`` a current entry in ``pair``'s heap if it qualifies (``n``: the
+        donor's slots there): in place of its entry at the top, if it is there (the daemon just
+        picked), else pushed."""
+        if n <= 0:
             return
-        if self._on_hold(daemon, donor):
-            self._held[pair].add(daemon)
+        ends = pair.fit.get(daemon, _UNSEEN)
+        if ends is _UNSEEN:
+            ends = self._fit(pair, daemon)
+        if ends is None:
             return
         entry = self._key(
-            self._packs_pair[pair], daemon, donor, n, self._draft.by_job.get(receiver, {}).get(daemon, 0)
+            pair.packs, ends, daemon, n, self._draft.by_job.get(pair.receiver, _NONE).get(daemon, 0)
         )
-        if push:
-            heapq.heappush(self._heaps[pair], entry)
+        heap = pair.heap
+        if heap and heap[0][3] == daemon:
+            heapq.heapreplace(heap, entry)
         else:
-            self._heaps[pair].append(entry)
+            heapq.heappush(heap, entry)
 
-    def _key(self, packs: bool, daemon: str, donor: str, n: int, m: int) -> tuple[int, int, int, str]:
-        """``daemon``'s key for a pair whose donor has ``n`` slots there and receiver ``m``."""
-        drain = self._drain(daemon, donor, n)
+    def _key(
+        self, packs: bool, ends: Sequence[float], daemon: str, n: int, m: int
+    ) -> tuple[int, int, int, str]:
+        """``daemon``'s key for a pair whose donor has ``n`` slots there, its tasks there
+        expected to end at ``ends``, and whose receiver has ``m``: the drain
+        (:meth:`Drains.next_free`, inline), then :meth:`_placing`."""
+        if self._drains is None:
+            return 0, -m if packs else m, -n, daemon
+        draining = len(ends) - n
+        if draining < 0:
+            return IDLE, -m if packs else m, -n, daemon
+        drain = round((ends[draining] - self._now) / RESOLUTION)
         return drain, self._placing(packs, drain, m), -n, daemon
 
     def _placing(self, packs: bool, drain: int, m: int) -> int:
@@ -174,5 +268,8 @@ class DonorDaemons:
             return -m
         return m
 
-    def _drain(self, daemon: str, donor: str, n: int) -> int:
-        return self._drains.next_free(daemon, donor, n) if self._drains is not None else 0
+
+_NONE: Final[Mapping[str, int]] = {}
+"""No slots anywhere (read only)."""
+_UNSEEN: Final[Sequence[float]] = (math.nan,)
+"""A daemon not judged yet for a pair (compared by identity)."""

@@ -8,10 +8,12 @@ four views together, so each phase reads whichever view is cheap for it.
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Iterable, Mapping
-from typing import final
+from typing import Final, final
 
 Assignment = dict[str, dict[str, int]]
 """daemon id -> job id -> slots. Jobs with no slots on a daemon are absent."""
+
+_EMPTY: Final[Mapping[str, int]] = {}
 
 
 @final
@@ -35,14 +37,23 @@ class DraftAssignment:
         self.by_job: dict[str, dict[str, int]] = {}
         self.totals: dict[str, int] = {}
         self.used: dict[str, int] = {}
-        for daemon in daemons:
+        by_job = self.by_job
+        totals = self.totals
+        for daemon in daemons:  # every daemon of every plan: one pass, no temporaries
             kept = keep(daemon)
-            row = {j: n for j, n in current.get(daemon, {}).items() if n > 0 and j in kept}
+            row: dict[str, int] = {}
+            used = 0
+            for job, n in current.get(daemon, _EMPTY).items():
+                if n > 0 and job in kept:
+                    row[job] = n
+                    used += n
+                    where = by_job.get(job)
+                    if where is None:
+                        where = by_job[job] = {}
+                    where[daemon] = n
+                    totals[job] = totals.get(job, 0) + n
             self.by_daemon[daemon] = row
-            self.used[daemon] = sum(row.values())
-            for job, n in row.items():
-                self.by_job.setdefault(job, {})[daemon] = n
-                self.totals[job] = self.totals.get(job, 0) + n
+            self.used[daemon] = used
 
     def held(self, daemon: str, job: str) -> int:
         """Slots ``job`` holds on ``daemon``."""
@@ -78,6 +89,24 @@ class DraftAssignment:
         self.used[daemon] -= n
 
     def move(self, daemon: str, donor: str, receiver: str) -> None:
-        """One slot on ``daemon`` changes hands."""
-        self.remove(daemon, donor)
-        self.add(daemon, receiver)
+        """One slot on ``daemon`` changes hands (:meth:`remove` then :meth:`add`, written out: a
+        large plan makes thousands of moves)."""
+        row = self.by_daemon[daemon]
+        left = row[donor] - 1
+        if left < 0:
+            raise ValueError(f"job {donor!r} holds {row[donor]} slots on {daemon!r}, not 1")
+        where = self.by_job[donor]
+        if left:
+            row[donor] = left
+            where[daemon] = left
+        else:
+            del row[donor]
+            del where[daemon]
+        totals = self.totals
+        totals[donor] -= 1
+        row[receiver] = row.get(receiver, 0) + 1
+        there = self.by_job.get(receiver)
+        if there is None:
+            there = self.by_job[receiver] = {}
+        there[daemon] = there.get(daemon, 0) + 1
+        totals[receiver] = totals.get(receiver, 0) + 1

@@ -73,6 +73,9 @@ class ReportedEnds(Mapping[tuple[str, str], Sequence[float]]):
         return found
 
     def _estimate(self, session: Reporting) -> dict[str, list[float]]:
+        running = session.running
+        if not running.attempts and not running.left_out:
+            return {}  # an idle daemon (or one whose tasks are not reported): no ends
         means = {s.job_id: s.service_time for s in session.stats}
         starts: dict[str, list[float]] = {}
         for attempt in session.running.attempts:
@@ -107,8 +110,12 @@ class ReportedEnds(Mapping[tuple[str, str], Sequence[float]]):
         """As :meth:`__getitem__`, without raising for a pair with no ends (most pairs, on a
         cluster of idle daemons: the planner asks for every move's donor)."""
         daemon_id, job_id = key
-        if daemon_id not in self._sessions:
+        session = self._sessions.get(daemon_id)
+        if session is None:
             return default
+        running = session.running
+        if not running.attempts and not running.left_out:
+            return default  # nothing reported running there: no ends (as _estimate finds)
         ends = self._daemon(daemon_id).get(job_id)
         return default if ends is None else ends
 

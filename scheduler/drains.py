@@ -60,14 +60,26 @@ class Drains:
         the longer past), :data:`IDLE` for an idle slot, 0 for all when ends are unknown."""
         if self._ends is None:
             return 0
-        key = (daemon, job)
-        ends = self._seen.get(key)
-        if ends is None:
-            ends = self._seen[key] = self._ends.get(key, ())
+        ends = self.ends(daemon, job)
         draining = len(ends) - held
         if draining < 0:
             return IDLE
         return round((ends[draining] - self._now) / RESOLUTION)
+
+    def ends(self, daemon: str, job: str) -> Sequence[float]:
+        """The expected ends of ``job``'s tasks on ``daemon``, soonest first (empty: none known).
+        :meth:`next_free` is a function of these, ``held`` and :attr:`now`; the donor-daemon
+        index keeps them per daemon and computes it inline."""
+        key = (daemon, job)
+        ends = self._seen.get(key)
+        if ends is None:
+            ends = self._seen[key] = self._ends.get(key, ()) if self._ends is not None else ()
+        return ends
+
+    @property
+    def now(self) -> float:
+        """The planner's time the drains are counted from."""
+        return self._now
 
 
 def expected_ends(starts: Iterable[float], mean: float, now: float) -> list[float]:

@@ -146,8 +146,26 @@ class _Rebalance:
         return floor is not None and self.draft.totals.get(job, 0) < floor
 
     def _shift(self, job: str, by: int) -> None:
+        """Moves ``job``'s deviation by ``by`` slots and gives it a fresh entry: in place of its
+        old one when that is at the top (the move's receiver and donor usually are), else pushed
+        (the old one, now stale, is skipped when it reaches the top). Either way the heap holds
+        every job's current entry, and the top current entry decides."""
         dev = self.dev[job] = self.dev[job] + by
-        self.key[job] = round(dev, KEY_DIGITS)
+        key = self.key[job] = round(dev, KEY_DIGITS)
+        if dev < -EPS:
+            floor = self.floor.get(job)
+            below = floor is not None and self.draft.totals.get(job, 0) < floor
+            receivers = self.receivers
+            if receivers and receivers[0][3] == job:
+                heapq.heapreplace(receivers, (not below, key, self.ranks[job], job))
+            else:
+                heapq.heappush(receivers, (not below, key, self.ranks[job], job))
+        elif dev > EPS:
+            donors = self.donors
+            if donors and donors[0][2] == job:
+                heapq.heapreplace(donors, (-key, -self.ranks[job], job))
+            else:
+                heapq.heappush(donors, (-key, -self.ranks[job], job))
 
     def _push(self, job: str) -> None:
         dev = self.dev[job]
@@ -157,55 +175,75 @@ class _Rebalance:
             heapq.heappush(self.donors, (-self.key[job], -self.ranks[job], job))
 
     def run(self, max_moves: int) -> Outcome:
+        # The hot loop of a large plan (a new job's 15,000 moves at 10,000 daemons): what it
+        # calls per move is bound once, the single move written out (a chain's hops as before).
         moves = 0
+        draft = self.draft
+        chains_moved = self.chains.moved
+        daemons_moved = self.daemons.moved
+        skipped = self.skipped
         while True:
             hops = self._next()
             if hops is None:
                 return Outcome(moves, not self.blocked)
-            cost = sum(giver is not None for _, giver, _ in hops)
-            if moves + cost > max_moves:
-                return Outcome(moves, False)
-            for daemon, giver, taker in hops:
-                if giver is None:
-                    self.draft.add(daemon, taker)
-                else:
-                    self.draft.move(daemon, giver, taker)
-                self.chains.moved(daemon, giver, taker)
-                self.daemons.moved(daemon, giver, taker)
-            donor, receiver = hops[0][1], hops[-1][2]
+            daemon, donor, receiver = hops[0]
+            if len(hops) == 1 and donor is not None:
+                if moves + 1 > max_moves:
+                    return Outcome(moves, False)
+                draft.move(daemon, donor, receiver)
+                chains_moved(daemon, donor, receiver)
+                daemons_moved(daemon, donor, receiver)
+                cost = 1
+            else:
+                cost = sum(giver is not None for _, giver, _ in hops)
+                if moves + cost > max_moves:
+                    return Outcome(moves, False)
+                for daemon, giver, taker in hops:
+                    if giver is None:
+                        draft.add(daemon, taker)
+                    else:
+                        draft.move(daemon, giver, taker)
+                    chains_moved(daemon, giver, taker)
+                    daemons_moved(daemon, giver, taker)
+                donor, receiver = hops[0][1], hops[-1][2]
             if donor is not None:
                 self._shift(donor, -1)
-                self._push(donor)
             self._shift(receiver, 1)
-            self._push(receiver)
             # Any move may open a way for a receiver that had none (a new donor, a job holding
             # slots in a new pool): try them again, so a plan's result is a fixed point.
-            for job in self.skipped:
-                self._push(job)
-            self.skipped.clear()
+            if skipped:
+                for job in skipped:
+                    self._push(job)
+                skipped.clear()
             moves += cost
 
     def _next(self) -> list[Hop] | None:
         """The next move (or chain of moves) to make, or None if none is allowed."""
-        while self.receivers:
-            entry = self.receivers[0]
+        receivers = self.receivers
+        floors = self.floor
+        totals = self.draft.totals
+        keys = self.key
+        while receivers:
+            entry = receivers[0]
             receiver = entry[3]
-            if entry[:2] != (not self._below_floor(receiver), self.key[receiver]) or entry[1] >= -EPS:
-                heapq.heappop(self.receivers)  # stale: the job's slots changed since
+            floor = floors.get(receiver)
+            below = floor is not None and totals.get(receiver, 0) < floor
+            if entry[0] is below or entry[1] != keys[receiver] or entry[1] >= -EPS:
+                heapq.heappop(receivers)  # stale: the job's slots changed since
                 continue
-            found, stop = self._donor_for(receiver)
+            found, stop = self._donor_for(receiver, below)
             if found is not None:
                 return [(found[0], found[1], receiver)]
             # A chain may end in a free slot instead of a donor: then only the receiver's own
             # distance from its share decides (receivers further down are closer to theirs).
-            wants_free = self._below_floor(receiver) or -self.dev[receiver] >= self.deadband - EPS
+            wants_free = below or -self.dev[receiver] >= self.deadband - EPS
             if stop and not (wants_free and self.chains.has_free()):
                 return None
             is_donor = _nobody if stop else functools.partial(self._allowed, receiver)
             chain = self.chains.find(receiver, is_donor, free_ok=wants_free)
             if chain is not None:
                 return chain
-            heapq.heappop(self.receivers)
+            heapq.heappop(receivers)
             self.skipped.append(receiver)
         return None
 
@@ -216,24 +254,30 @@ class _Rebalance:
         outside = self._below_floor(receiver) or max(-r_dev, d_dev) >= self.deadband - EPS
         return d_dev > EPS and d_dev - r_dev > 1 + EPS and outside
 
-    def _donor_for(self, receiver: str) -> tuple[tuple[str, str] | None, bool]:
-        """(daemon, donor) for ``receiver``; else (None, whether no later receiver can have one)."""
-        tried: list[tuple[float, int, str]] = []
+    def _donor_for(self, receiver: str, floor: bool) -> tuple[tuple[str, str] | None, bool]:
+        """(daemon, donor) for ``receiver`` (``floor``: it is below its floor); else (None,
+        whether no later receiver can have one)."""
+        tried: list[tuple[float, int, str]] | None = None
         first = True
         found: tuple[str, str] | None = None
         stop = False
         held_back = False
-        floor = self._below_floor(receiver)
+        keys = self.key
+        devs = self.dev
+        r_dev = devs[receiver]
+        band = self.deadband - EPS
+        outside = floor or -r_dev >= band  # and the rule of :meth:`_allowed`, inline
         # The top donor is looked at in place and popped only to look past it (into ``tried``,
         # pushed back after): the usual move takes from the top one and pops nothing.
         donors = self.donors
         while donors:
             entry = donors[0]
             donor = entry[2]
-            if -entry[0] != self.key[donor] or entry[0] >= -EPS:
+            if -entry[0] != keys[donor] or entry[0] >= -EPS:
                 heapq.heappop(donors)  # stale
                 continue
-            if not self._allowed(receiver, donor):
+            d_dev = devs[donor]
+            if not (d_dev > EPS and d_dev - r_dev > 1 + EPS and (outside or d_dev >= band)):
                 # Donors further down are closer to their share: none passes either. Receivers
                 # further down are closer to theirs, so if this was the top donor, none can.
                 stop = first and not floor
@@ -244,9 +288,12 @@ class _Rebalance:
             if daemon is not None:
                 found = (daemon, donor)
                 break
+            if tried is None:
+                tried = []
             tried.append(heapq.heappop(donors))
-        for entry in tried:
-            heapq.heappush(self.donors, entry)
+        if tried is not None:
+            for entry in tried:
+                heapq.heappush(donors, entry)
         if found is None and held_back:
             self.blocked = True
         return found, stop

@@ -106,6 +106,22 @@ def test_drains_count_in_resolution_steps() -> None:
     assert Drains(None, NOW).next_free("d", "a", held=1) == 0
 
 
+def test_the_ends_a_drain_is_counted_from_are_read_once_per_pair() -> None:
+    read: list[tuple[str, str]] = []
+
+    class Counting(dict[tuple[str, str], list[float]]):
+        def get(self, key: tuple[str, str], default: object = None) -> object:  # type: ignore[override]
+            read.append(key)
+            return super().get(key, default)
+
+    drains = Drains(Counting({("d", "a"): after(0.5, 2.0)}), NOW)
+    assert drains.ends("d", "a") == after(0.5, 2.0) and drains.ends("e", "a") == ()
+    assert [drains.next_free("d", "a", held=h) for h in (3, 2, 1)] == [IDLE, 10, 40]
+    assert drains.ends("d", "a") == after(0.5, 2.0) and drains.now == NOW
+    assert read == [("d", "a"), ("e", "a")]
+    assert Drains(None, NOW).ends("d", "a") == ()
+
+
 def test_an_overdue_task_is_taken_before_one_still_running() -> None:
     daemons = [Capacity("d1", 2, ANY), Capacity("d2", 2, ANY)]
     current = {"d1": {"a": 2}, "d2": {"a": 2}}
@@ -163,6 +179,17 @@ def test_reported_ends_read_the_last_heartbeat() -> None:
     assert ends.get(("d1", "a"), ()) == ends[("d1", "a")]
     assert set(ends) == {("d1", "a"), ("d1", "b")}
     assert len(ends) == 2
+
+
+def test_a_daemon_that_reports_nothing_running_has_no_ends() -> None:
+    """Such a daemon (idle, or one that does not report its tasks) is answered without an
+    estimate, as the estimate would: no ends, whatever its counters."""
+    idle = Session("d1", stats=[daemons_pb2.JobStats(job_id="a", service_time=3.0)])
+    empty = Session("d2", DaemonRunning((), {}))
+    ends = ReportedEnds([idle, empty], NOW, 5000.0, graceful={"a"})
+    assert ends.get(("d1", "a")) is None and ends.get(("d2", "a"), ()) == ()
+    assert ends._estimate(idle) == {} and ends._estimate(empty) == {}
+    assert len(ends) == 0 and not list(ends)
 
 
 def test_a_bounded_grace_caps_the_expected_ends_of_its_job() -> None:
