@@ -1,17 +1,18 @@
-"""Today's planner makes exactly the plans of the frozen reference (``planner_v1``, see its README).
+"""Today's planner makes exactly the plans of the frozen reference (``planner_v2``, see its README).
 
 Changes that only make planning cheaper (the move search, indexes, laziness) must not change a
 single slot: both planners run on many seeded random clusters (allow-lists, min/max slots,
 demands, holds, expected task ends, small move caps) and their plans must be equal, including the
 plans of a second round started from the first one's result.
 
-One change since the freeze means to plan differently: a receiver at least
-``moves.PACK_DEFICIT`` slots below its share takes its donors' slots packed, where the reference
-spreads them. A cluster with fewer slots than that cannot have such a receiver, so its plans are
-compared as they are; a larger one is compared with packing switched off (the threshold patched
-out), which checks that every plan the rule leaves spread is still the reference's. What packing
-itself plans is checked against the reference's totals in the large-cluster test below, and its
-daemon choice against a scan in ``test_donor_daemons.py``.
+This file checks the plans packing leaves spread: a receiver at least ``moves.PACK_DEFICIT``
+slots below its share takes its donors' slots packed, so a cluster with fewer slots than that is
+compared as it is, and a larger one with packing switched off in both planners (the threshold
+patched out). Packing's own plans are compared with the reference's, packing on, in
+``test_planner_equivalence_v2.py``; here the large-cluster test also checks that packing keeps
+the spread plan's totals, and ``test_donor_daemons.py`` checks its daemon choice against a scan.
+(The reference used to be ``planner_v1``, the planner before packing; ``planner_v2`` made the same
+plans with packing off, which this file checked until it was retired.)
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.unit.scheduler.planner_v1 import planner as v1
+from tests.unit.scheduler.planner_v2 import moves as old_moves
+from tests.unit.scheduler.planner_v2 import planner as old
 from truba.scheduler import moves
 from truba.scheduler import planner as now
 
@@ -99,15 +101,15 @@ class Case:
             rng.choice([0.0, 0.5]),
         )
 
-    def run_v1(self, current: Current, given_at: Given) -> v1.Plan:
+    def run_old(self, current: Current, given_at: Given) -> old.Plan:
         deadband, max_moves, min_hold, share = self.policy
-        return v1.plan(
-            [v1.Capacity(d, s, a) for d, s, a in self.daemons],
-            [v1.JobSpec(j, h, i, c, lo, hi, dem) for j, h, i, c, lo, hi, dem in self.jobs],
+        return old.plan(
+            [old.Capacity(d, s, a) for d, s, a in self.daemons],
+            [old.JobSpec(j, h, i, c, lo, hi, dem) for j, h, i, c, lo, hi, dem in self.jobs],
             current,
             now=self.now,
             given_at=given_at,
-            policy=v1.Policy(deadband, max_moves, min_hold, share),
+            policy=old.Policy(deadband, max_moves, min_hold, share),
             ends=self.ends,
         )
 
@@ -130,10 +132,11 @@ def _spread_only(slots: int) -> Iterator[None]:
     with pytest.MonkeyPatch.context() as patch:
         if slots >= moves.PACK_DEFICIT:
             patch.setattr(moves, "PACK_DEFICIT", math.inf)
+            patch.setattr(old_moves, "PACK_DEFICIT", math.inf)
         yield
 
 
-def _same(a: v1.Plan, b: now.Plan) -> None:
+def _same(a: old.Plan, b: now.Plan) -> None:
     assert b.assignment == a.assignment
     assert b.targets == a.targets
     assert (b.moves, b.settled) == (a.moves, a.settled)
@@ -146,10 +149,10 @@ def test_plans_equal_the_reference_on_random_clusters(block: int) -> None:
         given = dict(case.given_at)
         current: Current = case.current
         for _ in range(2):  # the plan, then the next one from its result (as the assigner does)
-            ref = case.run_v1(current, given)
             with _spread_only(sum(slots for _, slots, _ in case.daemons)):
+                ref = case.run_old(current, given)
                 _same(ref, case.run_now(current, given))
-            for pair in v1.gains(current, ref.assignment):
+            for pair in old.gains(current, ref.assignment):
                 given[pair] = case.now
             current = {d: dict(row) for d, row in ref.assignment.items()}
             case.now += 0.3
@@ -161,16 +164,18 @@ def test_plans_equal_the_reference_on_a_large_cluster() -> None:
     with packing off here, and by its totals with packing on)."""
     daemons = [(f"sim-{i:05d}", 4 if i % 2 == 0 else 8, ("*",)) for i in range(600)]
     base = [("bg1", "h", 1.0, 0.0, 0, 0, None), ("bg2", "h", 2.0, 1.0, 0, 0, None)]
-    first = v1.plan([v1.Capacity(*d) for d in daemons], [v1.JobSpec(*j) for j in base], {})
+    with _spread_only(3600):  # the reference spread, as planners did before packing
+        first = old.plan([old.Capacity(*d) for d in daemons], [old.JobSpec(*j) for j in base], {})
     jobs = [*base, ("new", "h", 1.0, 2.0, 0, 0, None)]
     for policy in [(1.0, 512, 0.5, 0.5), (1.0, 512, 0.5, 0.0)]:
-        ref = v1.plan(
-            [v1.Capacity(*d) for d in daemons],
-            [v1.JobSpec(*j) for j in jobs],
-            first.assignment,
-            now=10.0,
-            policy=v1.Policy(*policy),
-        )
+        with _spread_only(3600):
+            ref = old.plan(
+                [old.Capacity(*d) for d in daemons],
+                [old.JobSpec(*j) for j in jobs],
+                first.assignment,
+                now=10.0,
+                policy=old.Policy(*policy),
+            )
 
         def plan_now(policy: tuple[float, int, float, float] = policy) -> now.Plan:
             return now.plan(
@@ -187,7 +192,7 @@ def test_plans_equal_the_reference_on_a_large_cluster() -> None:
         _same(ref, got)
         packed = plan_now()
         assert (packed.targets, packed.moves, packed.settled) == (ref.targets, ref.moves, ref.settled)
-        assert now.job_totals(packed.assignment) == v1.job_totals(ref.assignment)
+        assert now.job_totals(packed.assignment) == old.job_totals(ref.assignment)
         assert _holding(packed.assignment, "new") < _holding(ref.assignment, "new") / 2
 
 
