@@ -13,6 +13,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 
 from truba import logs
@@ -178,8 +179,8 @@ def main(args: argparse.Namespace) -> int:
         print(f"truba scheduler: {exc}", file=sys.stderr)
         return 2
     if config.store is not None:
-        return asyncio.run(_serve_ha(config, stepped_down=stepped_down))
-    return asyncio.run(_serve(config))
+        return asyncio.run(_then_let_calls_end(_serve_ha(config, stepped_down=stepped_down)))
+    return asyncio.run(_then_let_calls_end(_serve(config)))
 
 
 def http_address(given: str | None, listen: str) -> str | None:
@@ -201,6 +202,26 @@ def _token(path: Path | None) -> str | None:
             raise ValueError(f"--token-file {path}: the first line must hold the token")
         return lines[0].strip()
     return os.environ.get(TOKEN_ENV) or None
+
+
+CALLS_END_WAIT = 2.0
+"""Seconds the stopped scheduler waits for what still runs on its loop before asyncio.run cancels it."""
+
+
+async def _then_let_calls_end(serve: Coroutine[None, None, int]) -> int:
+    """Runs ``serve``, then waits (at most :data:`CALLS_END_WAIT`) for the tasks still on the loop.
+
+    Those are gRPC's tasks of the calls the stop just ended (a daemon's stream aborted with
+    UNAVAILABLE may still be sending its status). asyncio.run would cancel them, and gRPC logs
+    each cancelled call as an unhandled error with a traceback on stderr, on an orderly stop.
+    """
+    code = await serve
+    current = asyncio.current_task()
+    running = [task for task in asyncio.all_tasks() if task is not current]
+    if running:
+        _, left = await asyncio.wait(running, timeout=CALLS_END_WAIT)
+        log.debug("sched.stop.tasks", extra={"running": len(running), "left": [t.get_name() for t in left]})
+    return code
 
 
 async def _serve(config: SchedulerConfig) -> int:
