@@ -186,14 +186,8 @@ class Submission:
         except (PipeError, CodecError, Unavailable):
             self._withdraw(task_id, key)
             raise
-        awaiting = self._confirmations
-        alone = not awaiting  # no other task of ours on its way to a broker
-        tasks = awaiting.get(confirmation)  # _watch_confirm, inline: the hot path
-        if tasks is None:
-            awaiting[confirmation] = [task_id]
-            confirmation.add_done_callback(self._on_confirm)
-        else:
-            tasks.append(task_id)  # another task of the same frame
+        alone = not self._confirmations  # no other task of ours on its way to a broker
+        self._watch_confirm(task_id, confirmation)
         if due:
             self.delayed.add(task_id, due)
         self._on_change()
@@ -215,7 +209,7 @@ class Submission:
             self._confirmations[confirmation] = [task_id]
             confirmation.add_done_callback(self._on_confirm)
         else:
-            tasks.append(task_id)
+            tasks.append(task_id)  # another task of the same frame
 
     def _on_confirm(self, confirmation: Confirmation) -> None:
         """A confirmation came (or failed): for every task it carries, once."""

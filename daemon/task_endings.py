@@ -163,10 +163,7 @@ class TaskEndings:
                 if is_open() and _confirmed(end.confirmations):
                     self._count_confirmed(end, 0.0)
                     delivery = end.delivery
-                    try:
-                        await delivery.ack()
-                    except PipeError as exc:  # as settle(): a dead channel's broker requeued it already
-                        log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})
+                    await settle(delivery.ack())
                     self.events.settled(delivery.message.task_id, end.what, acked=True, context=end.context)
                 else:
                     await self._ack_when_confirmed(end)
