@@ -16,10 +16,12 @@ also splits it into hops): p50/p90/p99 for truba and for raw aio-pika.
 Variants are interleaved over rounds and the median kept (W2: all samples pooled); ratios are
 truba/raw, measured in the same run. ``--quick`` runs fewer tasks and one round (about a
 minute); the default takes a few minutes. ``--w1-only`` runs only W1 with 100 B over 1 broker
-(20,000 tasks; 5,000 with ``--quick``), for interleaved A/B runs; with ``bench/amqp_count`` it
+(20,000 tasks; 5,000 with ``--quick``), for interleaved A/B runs (``--sizes 1000000,10000``: only
+W1 over 1 broker with those payloads); with ``bench/amqp_count`` it
 also counts AMQP messages per task (see its ``sitecustomize.py``).
 
-    python bench/e2e.py [--quick] [--w1-only] [--rounds 3] [--slots 2] [--json bench/results/e2e.json]
+    python bench/e2e.py [--quick] [--w1-only | --sizes 1000000,10000 [--tasks 300]] [--rounds 3]
+                        [--slots 2] [--json bench/results/e2e.json]
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ async def truba_w1(bench: Bench, case: Case, journal: Path) -> tuple[float, dict
         submitting = asyncio.create_task(submit_all())
         count = 0
         async for outcome in job.results():
-            assert outcome.ok and isinstance(outcome.value, bytes) and len(outcome.value) == case.size
+            value = outcome.value
+            assert outcome.ok and isinstance(value, bytes) and len(value) == case.size, outcome
             count += 1
         await submitting
         seconds = time.perf_counter() - began
@@ -252,11 +255,15 @@ async def main_async(args: argparse.Namespace) -> dict[str, object]:
     cases = QUICK if args.quick else FULL
     if args.w1_only:
         cases = [c for c in cases if c.size == 100 and c.brokers == 1]
+    if args.sizes:
+        cases = [c for c in cases if c.size in args.sizes and c.brokers == 1]
+    if args.tasks:
+        cases = [Case(c.size, args.tasks, c.brokers) for c in cases]
     w1: dict[str, dict[str, list[object]]] = {}
     w2: dict[str, list[float]] = {"truba": [], "raw": []}
     with one_daemon_cluster("truba-bench-e2e-", args.slots, brokers=1) as bench:
         await run_w1(bench, [c for c in cases if c.brokers == 1], args.rounds, w1)
-        if not args.w1_only:
+        if not (args.w1_only or args.sizes):
             w2 = await run_w2(bench, args.latency_tasks, args.rounds)
     if any(c.brokers == 2 for c in cases):
         with one_daemon_cluster("truba-bench-e2e2-", args.slots, brokers=2) as bench:
@@ -275,6 +282,14 @@ def main() -> int:
         action="store_true",
         help="only W1 with 100 B payloads over 1 broker (no W2): for A/B runs",
     )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: {int(size) for size in text.split(",")},
+        default=None,
+        help="only W1 over 1 broker with these payload sizes in bytes (e.g. 1000000,10000; no W2): "
+        "for A/B runs of large payloads",
+    )
+    parser.add_argument("--tasks", type=int, default=None, help="tasks per W1 case (else its own count)")
     parser.add_argument("--json", type=Path, default=Path("bench/results/e2e.json"))
     args = parser.parse_args()
     args.rounds = args.rounds or (1 if args.quick else 3)

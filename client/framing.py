@@ -17,7 +17,7 @@ FRAME_WORK: Final = 0.005
 """Seconds of handler time one task frame carries at most."""
 FIRST_FRAME: Final = 8
 """Tasks per frame before any outcome has told how long the job's tasks take."""
-MOST_PER_FRAME: Final = 64
+MOST_PER_FRAME: Final = 128
 _DECAY: Final = 0.1
 
 

@@ -209,7 +209,8 @@ class Reach:
 
     def bounded(self, what: str) -> BrokerWait:
         """``async with reach.bounded("submit"):`` a wait that ends with Unavailable once every
-        broker has been unreachable for longer than the patience."""
+        broker has been unreachable for longer than the patience (a plain ``with`` in a task
+        does the same)."""
         return BrokerWait(self, what)
 
     def _loop_deadline(self) -> float | None:
@@ -240,6 +241,16 @@ class BrokerWait:
         self._expired = False
 
     async def __aenter__(self) -> None:
+        self.__enter__()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.__exit__(exc_type, exc, tb)
+
+    def __enter__(self) -> None:
+        """Also a plain ``with`` inside a task: entering and leaving wait on nothing, and the hot
+        path (a submit per task) then makes no coroutine for either."""
         reach = self._reach
         reach.check_brokers(self._what)
         loop = reach._loop
@@ -274,7 +285,7 @@ class BrokerWait:
         self._expired = True
         self._task.cancel()
 
-    async def __aexit__(
+    def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._reach._guards.discard(self)

@@ -46,6 +46,7 @@ from truba.latency import LatencyCounts
 from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_listener import FrameListener
+from truba.pipes.serialize import DeserializeListener
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,12 @@ class ResultStream:
         self._latency = latency
         """Counts each outcome taken by its latency (None: not counted)."""
         self._results = results
+        self._get_batch = results.get_batch if isinstance(results, DeserializeListener) else None
+        """Takes the next result with the rest of its frame at once (the result stack's outer
+        layer; None for another listener: one ``get`` per result)."""
+        self._batch: collections.deque[Delivery[Outcome]] = collections.deque()
+        """Results read with the last one taken from the pipe (the rest of its frame), not handed
+        out yet: each is taken from here, with no wait on the pipe of its own."""
         self._journal = journal
         self._status = status
         self._sizer = sizer
@@ -144,7 +151,7 @@ class ResultStream:
                     if pump is None and self._parked:
                         delivery: Delivery[Outcome] | None = self._parked.popleft()
                     else:
-                        delivery = await self._next_result()
+                        delivery = self._batch.popleft() if self._batch else await self._next_result()
                         if delivery is not None and self._sizer is not None and not delivery.message.gave_up:
                             self._sizer.observe(delivery.message.seconds)
                 except PipeClosed:
@@ -209,16 +216,27 @@ class ResultStream:
         await self._on_done()
 
     async def _next_result(self) -> Delivery[Outcome] | None:
-        """The next result, waiting up to :data:`GET_TIMEOUT`. The results taken are acked first
-        unless more members of a frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
+        """The next result, waiting up to :data:`GET_TIMEOUT`; the rest of its frame, read with
+        it, waits in ``_batch``. The results taken are acked first unless more members of a
+        frame are at hand (and at most :data:`ACK_BATCH` of them wait)."""
+        if self._batch:  # another reader (the pump, a consumer) read a frame meanwhile
+            return self._batch.popleft()
         if self._taken and not (self._unframe is not None and self._unframe.held):
             self._ack_soon()
         reading = self._reading  # acquire and release by hand: one coroutine, not three, per result
         await reading.acquire()
         try:
-            return await self._results.get(GET_TIMEOUT)
+            if self._batch:  # read by the reader we waited for
+                return self._batch.popleft()
+            if self._get_batch is None:
+                return await self._results.get(GET_TIMEOUT)
+            batch = await self._get_batch(GET_TIMEOUT)
         finally:
             reading.release()
+        if not batch:
+            return None
+        self._batch.extend(batch)
+        return self._batch.popleft()
 
     def _take(self, delivery: Delivery[Outcome]) -> bool:
         """The application took this outcome: its latency is counted, the journal forgets its

@@ -172,7 +172,7 @@ class Submission:
             log.debug("client.task.held", extra={"job_id": self._job_id, "task_id": task_id})
             return task_id
         try:
-            async with self._reach.bounded(self._submitting):
+            with self._reach.bounded(self._submitting):  # sync: no coroutine to enter or leave
                 if timeout is None:  # the common case: no timer to arm
                     confirmation = await self._tasks.send(task)
                 else:

@@ -31,6 +31,7 @@ from truba.daemon.hand_back_records import HandBackRecords
 from truba.daemon.job_pipes import JobPipes, Wanted, open_job_pipes
 from truba.daemon.launch import Launcher, Spawn
 from truba.daemon.metrics import DaemonMetrics
+from truba.daemon.pipe_size import pipe_bytes_for
 from truba.daemon.runner import JobRunner, SlotPolicy
 from truba.daemon.settings import JobSettings
 from truba.daemon.shutdown import bounded
@@ -50,10 +51,18 @@ STATS_REPORTED: Final = 60.0
 STATS_KEPT: Final = 3600.0
 """Seconds a job's counters are kept after that: if it comes back meanwhile, they go on (never
 backwards, the scheduler takes differences); after that they start again from zero."""
-PREFETCH_EXTRA: Final = 1
-"""Deliveries a job may hold per broker beyond its slots (late binding; measured, see cli)."""
+PREFETCH_EXTRA: Final = 2
+"""Deliveries a job of short tasks may hold per broker beyond its slots. A task frame is acked
+only once all its members' results are confirmed, so the window must cover that confirm's
+latency too, or slots wait for the next frame. W1 (``bench/e2e.py --w1-only``, 2 slots,
+interleaved, 2026-11-28): truba/raw 8.34x median with 1, 9.01x with 2 (higher in 4 of 4
+pairs), 7.85x against 7.30x for 4 against 2 (3 of 4) on a slower hour. Each frame carries at
+most about 5 ms of handler time (the client's frame sizing), so 2 more hold little work from
+other daemons' idle slots (and held members go back after 0.1 s, see intake)."""
 SHORT_TASK: Final = 0.05
 """Seconds: a job whose tasks take less (moving average) gets ``prefetch_extra`` deliveries more."""
+RECONCILE_EVERY = 1.0
+"""Seconds a reconciliation waits for a change before it runs anyway (windows follow task lengths)."""
 
 
 @dataclass
@@ -95,7 +104,10 @@ class Daemon:
             self.metrics,
         )
         self.link = SchedulerLink(config.scheduler, self)
-        self._launcher: Launcher = ForkServer() if config.fork_server else Spawn()
+        pipe_bytes = pipe_bytes_for(config.slots)  # within the user's pipe budget (see pipe_size)
+        self._launcher: Launcher = (
+            ForkServer(pipe_bytes=pipe_bytes) if config.fork_server else Spawn(pipe_bytes)
+        )
         self._slots = [SlotProcess(i, self._launcher) for i in range(config.slots)]
         self._free: list[SlotProcess] = list(self._slots)
         self._brokers: list[str] = []
@@ -258,7 +270,7 @@ class Daemon:
         try:
             while not (self._draining and not self._runners and not self._closing):
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._changed.wait(), 1.0)
+                    await asyncio.wait_for(self._changed.wait(), RECONCILE_EVERY)
                 self._changed.clear()
                 await self._reconcile()
         finally:
@@ -341,6 +353,7 @@ class Daemon:
     def _open_runner(self, job_id: str, job: Wanted) -> None:
         window = Window(self._window_for(job.slots, job_id))
         stats = self._stats.setdefault(job_id, JobStats())
+        stats.first_ran = self._changed.set  # its window may grow once its task length is known
         self._stats_seen[job_id] = time.monotonic()
         self._runners[job_id] = JobRunner(
             job_id,

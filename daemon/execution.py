@@ -133,6 +133,8 @@ class Execution:
         ended = 0  # tasks whose attempt ended (replied or not)
         replied = True  # so far every one did
         back: list[tuple[Delivery[TaskMessage], TaskMessage]] | None = None  # interrupted ones
+        results: list[tuple[Delivery[TaskMessage], ResultMessage]] = []
+        """Results of replies taken at hand, published together before anything waits."""
         try:
             self.events.started(slot, admitted)
             for delivery, spent in admitted[:1] if way.streams else admitted:  # a chunk's: one by one
@@ -153,6 +155,8 @@ class Execution:
                 if end is None:
                     end = reply_at_hand(slot)
                     if end is None:
+                        if results:  # they do not wait for the next reply
+                            await self._publish(results)
                         with _UNBOUND if count == 1 else bind(task_id=task.task_id):
                             end = await next_reply(slot, task, spent, limits, worker.interrupt)
                 ended += 1
@@ -161,13 +165,15 @@ class Execution:
                 if way.streams:  # a chunk's tasks run one after the other
                     began = ended_at
                 if end.ending is Ending.REPLIED:
-                    outcome = await self._complete(delivery, task, end, spent + 1)
+                    outcome = self._complete(delivery, task, end, spent + 1, results)
                     fault = end.reply.error if end.reply else None
                     kind, message = (fault.type, fault.message) if fault else ("", "")
                     spans.attempt(
                         task.task_id, slot.index, start, ended_at, outcome, spent + 1, kind, message
                     )
                     continue
+                if results:  # published before this task's end, in order
+                    await self._publish(results)
                 with _UNBOUND if count == 1 else bind(task_id=task.task_id):
                     if replied:  # the slot is started afresh (one process, whatever it held)
                         self.events.slot_restarted(end.ending)
@@ -189,6 +195,8 @@ class Execution:
                         )
                 if way.streams:  # the slot is gone (and started afresh)
                     break
+            if results:
+                await self._publish(results)
         except BaseException:
             if way.streams and replied and ended < count:  # replies still due: no one else may read them
                 await asyncio.shield(slot.kill())
@@ -279,10 +287,25 @@ class Execution:
         finally:
             self.stats.waiting -= 1
 
-    async def _complete(
-        self, delivery: Delivery[TaskMessage], task: TaskMessage, end: AttemptEnd, attempt: int
+    async def _publish(self, results: list[tuple[Delivery[TaskMessage], ResultMessage]]) -> None:
+        """Publishes the results gathered (see :meth:`_complete`), in one batch when several."""
+        if len(results) == 1:
+            await self.ends.complete(*results[0])
+        else:
+            await self.ends.complete_many(results)
+        results.clear()
+
+    def _complete(
+        self,
+        delivery: Delivery[TaskMessage],
+        task: TaskMessage,
+        end: AttemptEnd,
+        attempt: int,
+        results: list[tuple[Delivery[TaskMessage], ResultMessage]],
     ) -> Outcome:
-        """Sends the reply as the task's outcome, or retries it; returns the span's outcome."""
+        """Takes the reply as the task's outcome (its result added to ``results``, which the
+        caller publishes before it waits for anything: a chunk's replies at hand go out in one
+        batch), or retries it; returns the span's outcome."""
         reply = end.reply
         assert reply is not None
         self.stats.ran(end.seconds)
@@ -303,7 +326,7 @@ class Execution:
         result = ResultMessage(
             task.task_id, reply.ok, reply.value, reply.error, self.daemon_id, reply.seconds, attempt
         )
-        await self.ends.complete(delivery, result)
+        results.append((delivery, result))
         return OK if reply.ok else ERROR
 
     async def _failed(

@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from typing import Final, final
 
 from truba.daemon.launch import Launcher, SlotHandle, Spawn, spawn_python
+from truba.daemon.pipe_size import SLOT_PIPE_BYTES, widen
 from truba.daemon.replies import ReplyReader, reply_reader
 from truba.daemon.template import MESSAGE
 
@@ -110,9 +111,13 @@ class ForkedSlot:
 class Template:
     """One template process and the daemon's end of its control socket."""
 
-    def __init__(self, handlers: frozenset[str], program: Sequence[str]) -> None:
+    def __init__(
+        self, handlers: frozenset[str], program: Sequence[str], pipe_bytes: int = SLOT_PIPE_BYTES
+    ) -> None:
         self.handlers = handlers
         self.program = tuple(program)
+        self.pipe_bytes = pipe_bytes
+        """The capacity of each pipe of a slot forked from here (see truba.daemon.pipe_size)."""
         self.codes: dict[int, int] = {}
         """Exit codes the template reported, by pid (taken by :meth:`exit_code`)."""
         self.children: set[int] = set()
@@ -173,6 +178,8 @@ class Template:
                 raise TemplateDied("the template is gone")
             stdin_r, stdin_w = os.pipe()
             stdout_r, stdout_w = os.pipe()
+            widen(stdin_w, self.pipe_bytes)
+            widen(stdout_w, self.pipe_bytes)
             future: asyncio.Future[int] = loop.create_future()
             try:
                 socket.send_fds(self._sock, [MESSAGE.pack(b"F", 0, 0)], [stdin_r, stdout_w])
@@ -287,12 +294,14 @@ class ForkServer:
         start_timeout: float = 10.0,
         retry_after: float = 60.0,
         fallback: Launcher | None = None,
+        pipe_bytes: int = SLOT_PIPE_BYTES,
     ) -> None:
         self.handlers = frozenset(handlers)
+        self.pipe_bytes = pipe_bytes
         self.program = tuple(program)
         self.start_timeout = start_timeout
         self.retry_after = retry_after
-        self.fallback = fallback or Spawn()
+        self.fallback = fallback or Spawn(pipe_bytes)
         self._current: Template | None = None
         self._templates: set[Template] = set()
         self._retry_at = 0.0
@@ -340,7 +349,7 @@ class ForkServer:
                 current.retire()
             if time.monotonic() < self._retry_at:
                 return None
-            template = Template(self.handlers, self.program)
+            template = Template(self.handlers, self.program, self.pipe_bytes)
             began = time.perf_counter()
             try:
                 await template.start(self.start_timeout)

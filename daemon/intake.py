@@ -29,6 +29,7 @@ from truba.pipes.base import Delivery, Listener
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.frame_listener import FrameListener
 from truba.pipes.prefetch import Window
+from truba.pipes.serialize import DeserializeListener
 from truba.wire import TaskMessage
 
 log = logging.getLogger(__name__)
@@ -70,6 +71,11 @@ class Intake:
         self.hold_limit = hold_limit
         self.frames = frames
         """The unframe layer of the task listener (None: not a framing stack)."""
+        self._at_hand = (
+            tasks.take_at_hand if frames is not None and isinstance(tasks, DeserializeListener) else None
+        )
+        """Takes decoded members of a frame at hand, without a get each (None: the listener
+        cannot: not a framing stack, or a test's own listener)."""
         self.idle = 0
         """Workers waiting for a delivery right now."""
         self._took_at = time.monotonic()
@@ -91,8 +97,10 @@ class Intake:
             return None
         if self.frames is not None and self.frames.held:
             # Members of a frame at hand: taken at once, without waiting machinery (the common
-            # case under load, worth its own path).
-            delivery = await self.tasks.get(0.0)
+            # case under load, worth its own path). A member that cannot be decoded is not
+            # taken at hand: the get dead-letters it.
+            at_hand = self._at_hand(1) if self._at_hand is not None else None
+            delivery = at_hand[0] if at_hand else await self.tasks.get(0.0)
             if delivery is not None:
                 self._took_at = time.monotonic()
                 return delivery
@@ -138,8 +146,13 @@ class Intake:
             return []
         assert task_seconds is not None
         size = CHUNK if task_seconds <= CHUNK_SECONDS / CHUNK else max(2, int(CHUNK_SECONDS / task_seconds))
+        share = min(size - 1, self.frames.held // (self.idle + 1))
+        if share <= 0:
+            return []
+        if self._at_hand is not None:  # in one call, not a get each
+            return self._at_hand(share)
         more: list[Delivery[TaskMessage]] = []
-        for _ in range(min(size - 1, self.frames.held // (self.idle + 1))):
+        for _ in range(share):
             delivery = await self.tasks.get(0.0)
             if delivery is None:
                 break

@@ -8,10 +8,11 @@ import contextlib
 import functools
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from truba.daemon.hand_back_records import JobRecords, records_sender
 from truba.daemon.settings import JobSettings
-from truba.pipes.base import Listener, Sender
+from truba.pipes.base import Delivery, Listener, Sender
 from truba.pipes.broker import Broker, QueueSpec
 from truba.pipes.errors import CodecError, PipeError
 from truba.pipes.frame import FrameLimits
@@ -52,11 +53,24 @@ class JobPipes:
     truba.daemon.hand_back_records)."""
     owns_records: bool = False
     """True when ``handed_back`` is these pipes' own (closed with them), not the daemon's."""
+    lone_results: Sender[ResultMessage] | None = None
+    """The results of tasks delivered alone, not copied into the job's result log (None: every
+    result goes through ``results``). The log is read only for a redelivered *frame* (a lone
+    message runs again when redelivered, as any AMQP message would), so copying a lone task's
+    result there was pure cost: a 1 MB result stored twice by the broker."""
+
+    def results_for(self, delivery: Delivery[TaskMessage]) -> Sender[ResultMessage]:
+        """The sender of ``delivery``'s result: through the result log for a frame member."""
+        lone = self.lone_results
+        return self.results if lone is None or delivery.framed else lone
 
     async def close(self) -> None:
         """Closes them all (the senders wait, bounded, for outstanding confirms); records the
         daemon shares outlive them."""
-        for pipe in (self.tasks, self.results, self.requeue, self.dead):
+        pipes: list[Sender[Any] | Listener[Any]] = [self.tasks, self.results, self.requeue, self.dead]
+        if self.lone_results is not None:
+            pipes.append(self.lone_results)
+        for pipe in pipes:
             with contextlib.suppress(PipeError):
                 await pipe.close()
         if self.owns_records and self.handed_back is not None:
@@ -116,25 +130,41 @@ def open_job_pipes(
         done=done,
         member_key=task_key,  # a frame with a task id twice is malformed: none of it runs
     )
-    return JobPipes(
-        tasks=tasks.listener,
-        results=send_stack(
+    results = send_stack(
+        ResultCodec(),
+        brokers,
+        job.results_queue,
+        role="results",
+        options=SendOptions(copy_to=job.result_log),
+        frames=result_frames,
+        # The acker awaits every result's confirmation and logs a failed one with its task
+        # (``daemon.task.unconfirmed``): no log callback (and loop turn) per result.
+        log_confirms=False,
+    )
+    lone = None
+    if job.result_log is not None:  # results of tasks delivered alone skip the log
+        lone = send_stack(
             ResultCodec(),
             brokers,
             job.results_queue,
             role="results",
-            options=SendOptions(copy_to=job.result_log),
             frames=result_frames,
-            # The acker awaits every result's confirmation and logs a failed one with its task
-            # (``daemon.task.unconfirmed``): no log callback (and loop turn) per result.
             log_confirms=False,
-        ).sender,
+        )
+        lone.connect_ahead()
+    # Results follow the job's first tasks at once: their channels open meanwhile, not at the
+    # first result (a channel open and the declares of the results queue and the result log).
+    results.connect_ahead()
+    return JobPipes(
+        tasks=tasks.listener,
+        results=results.sender,
         requeue=RouteSender(lambda task: task.priority, functools.partial(_requeue_stack, brokers, job)),
         dead=send_stack(GaveUpCodec(), brokers, job.dead_queue, role="dead").sender,
         result_frames=result_frames,
         task_frames=tasks.frames,
         handed_back=handed_back,
         owns_records=owns_records,
+        lone_results=None if lone is None else lone.sender,
     )
 
 

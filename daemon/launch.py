@@ -15,6 +15,7 @@ import sys
 import warnings
 from typing import Protocol, final
 
+from truba.daemon.pipe_size import SLOT_PIPE_BYTES, widen
 from truba.daemon.replies import ReplyReader, reply_reader
 
 
@@ -115,10 +116,16 @@ class SpawnedSlot:
 
 @final
 class Spawn:
-    """A fresh interpreter per slot: nothing preloaded, nothing shared (but simple and robust)."""
+    """A fresh interpreter per slot: nothing preloaded, nothing shared (but simple and robust).
+
+    ``pipe_bytes``: the capacity of each slot pipe (see :mod:`truba.daemon.pipe_size`)."""
+
+    def __init__(self, pipe_bytes: int = SLOT_PIPE_BYTES) -> None:
+        self.pipe_bytes = pipe_bytes
 
     async def launch(self) -> SlotHandle:
         stdout_r, stdout_w = os.pipe()
+        widen(stdout_w, self.pipe_bytes)
         try:
             # The pipe is watched before the process starts: no await may come after that,
             # lest a cancellation leave a slot process nobody knows of.
@@ -136,6 +143,9 @@ class Spawn:
                 raise
         finally:
             os.close(stdout_w)
+        stdin = process.stdin.transport.get_extra_info("pipe") if process.stdin is not None else None
+        if stdin is not None:
+            widen(stdin.fileno(), self.pipe_bytes)
         return SpawnedSlot(process, stdout)
 
     def outdated(self, handle: SlotHandle, handler: str) -> bool:

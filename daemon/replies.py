@@ -13,7 +13,7 @@ import os
 from collections import deque
 from typing import final
 
-from truba.daemon.slot_main import HEADER
+from truba.daemon.slot_main import HEADER, LARGE_FRAME
 
 
 @final
@@ -22,6 +22,11 @@ class ReplyReader(asyncio.Protocol):
 
     def __init__(self) -> None:
         self._buffer = bytearray()
+        self._large: list[bytes] = []
+        """The chunks read so far of a large frame (:data:`LARGE_FRAME` or longer), joined once
+        it is whole: one copy of it, not two (into the buffer, then out of it)."""
+        self._missing = 0
+        """Bytes of that large frame still to come (0: none is being read)."""
         self._frames: deque[bytes] = deque()
         self._waiter: asyncio.Future[None] | None = None
         self.woken = False
@@ -41,6 +46,9 @@ class ReplyReader(asyncio.Protocol):
         self._transport = transport
 
     def data_received(self, data: bytes) -> None:
+        if self._missing:
+            self._more(data)
+            return
         buffer = self._buffer
         buffer += data
         start = 0
@@ -48,13 +56,34 @@ class ReplyReader(asyncio.Protocol):
             (size,) = HEADER.unpack_from(buffer, start)
             end = start + HEADER.size + size
             if len(buffer) < end:
+                if size >= LARGE_FRAME:  # its chunks are kept as they come, joined once
+                    with memoryview(buffer) as view:
+                        self._large.append(bytes(view[start + HEADER.size :]))
+                    self._missing = end - len(buffer)
+                    buffer.clear()
+                    start = 0
                 break
             with memoryview(buffer) as view:  # one copy of the frame (a slice would be two)
                 self._frames.append(bytes(view[start + HEADER.size : end]))
             start = end
         if start:
             del buffer[:start]
+        if self._frames:
             self._wake()
+
+    def _more(self, data: bytes) -> None:
+        """The next chunk of a large frame (and perhaps what follows it)."""
+        if len(data) < self._missing:
+            self._large.append(data)
+            self._missing -= len(data)
+            return
+        cut = self._missing
+        self._large.append(data[:cut] if cut < len(data) else data)
+        self._frames.append(b"".join(self._large))
+        self._large, self._missing = [], 0
+        if cut < len(data):
+            self.data_received(data[cut:])
+        self._wake()
 
     def eof_received(self) -> bool:
         self._end()
@@ -78,7 +107,7 @@ class ReplyReader(asyncio.Protocol):
         """
         while not self._frames:
             if self._ended:
-                raise asyncio.IncompleteReadError(bytes(self._buffer), None)
+                raise asyncio.IncompleteReadError(b"".join([*self._large, self._buffer]), None)
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter

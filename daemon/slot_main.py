@@ -60,9 +60,14 @@ def write_frame(stream: BinaryIO, obj: object) -> None:
     stream.flush()
 
 
-def _write(stream: BinaryIO, data: bytes) -> None:
-    """One frame: its header and ``data`` (a large one after the header, not copied behind it)."""
-    if len(data) < LARGE_FRAME:
+def _write(stream: BinaryIO, data: bytes | list[bytes]) -> None:
+    """One frame: its header and ``data`` (a large one after the header, not copied behind it),
+    or the frame in parts (:func:`truba.codec.pack_parts`: a large result, each part as it is)."""
+    if isinstance(data, list):
+        stream.write(HEADER.pack(sum(map(len, data))))
+        for part in data:
+            stream.write(part)
+    elif len(data) < LARGE_FRAME:
         stream.write(HEADER.pack(len(data)) + data)
     else:
         stream.write(HEADER.pack(len(data)))
@@ -124,7 +129,8 @@ def describe(handler: str, cache: dict[str, Callable[[object], object]]) -> list
 
 def run_one(
     handler: str, task_id: str, payload: object, cache: dict[str, Callable[[object], object]]
-) -> bytes:
+) -> bytes | list[bytes]:
+    """The reply frame to one task; a large value's in parts (see :func:`_write`)."""
     started = time.perf_counter()
     try:
         function = load_handler(handler, cache)
@@ -133,7 +139,7 @@ def run_one(
         else:
             value = function(payload)
         reply: list[object] = [task_id, True, value, time.perf_counter() - started]
-        return codec.packb(reply)
+        return codec.pack_parts(reply) if codec.is_large(value) else codec.packb(reply)
     except (Exception, SystemExit) as exc:  # the handler's failure is the task's outcome
         error: list[object]
         if isinstance(exc, TypeError | ValueError | OverflowError) and "value" in locals():

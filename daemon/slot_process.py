@@ -189,26 +189,34 @@ class SlotProcess:
             log.warning("daemon.slot.bad_batch_spec", extra={"handler": handler, "error": repr(exc)})
             return None
 
-    async def _exchange(self, request: object, what: str) -> bytes:
-        """Sends one request frame and reads its reply frame (starting the process if needed)."""
-        frame = codec.packb(request)
-        if len(frame) < LARGE_FRAME:
-            await self._write(HEADER.pack(len(frame)) + frame, what)
-        else:  # two writes, not a copy of a large payload
-            await self._write(HEADER.pack(len(frame)), what, frame)
+    async def _exchange(self, request: list[object], what: str) -> bytes:
+        """Sends one request frame and reads its reply frame (starting the process if needed).
+
+        A request holding a large payload (:func:`truba.codec.is_large`) is written in parts,
+        the payload as it is: packing it would copy it twice (msgpack's buffer, its bytes)."""
+        if any(map(codec.is_large, request)):
+            parts = codec.pack_parts(request)
+            size = sum(map(len, parts))
+            await self._write(HEADER.pack(size) + parts[0], what, *parts[1:])
+        else:
+            frame = codec.packb(request)
+            if len(frame) < LARGE_FRAME:
+                await self._write(HEADER.pack(len(frame)) + frame, what)
+            else:  # two writes, not a copy of a large payload
+                await self._write(HEADER.pack(len(frame)), what, frame)
         return await self._read(what)
 
-    async def _write(self, data: bytes, what: str, more: bytes = b"") -> None:
-        """Writes request frames (``data``, then ``more``), starting the process if needed; see
-        :meth:`_read` for errors."""
+    async def _write(self, data: bytes, what: str, *more: bytes) -> None:
+        """Writes request frames (``data``, then each of ``more``), starting the process if
+        needed; see :meth:`_read` for errors."""
         if not self.alive:
             await self.start()
         process = self._process
         assert process is not None
         try:
             process.stdin.write(data)
-            if more:
-                process.stdin.write(more)
+            for part in more:
+                process.stdin.write(part)
             await process.stdin.drain()
         except (ConnectionError, BrokenPipeError) as exc:
             raise await self._died(what) from exc

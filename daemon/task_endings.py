@@ -1,6 +1,7 @@
 """The ways a task's life on a daemon ends, each one published, confirmed, then acked.
 
-- **complete**: its result (a value or the handler's error) goes to the results queue;
+- **complete**: its result (a value or the handler's error) goes to the results queue (a frame
+  member's is copied into the job's result log too, see :meth:`JobPipes.results_for`);
 - **requeue**: the task goes back to its own queue, published again with an attempt count
   (the same one after a preemption, one more after a failed attempt), never by
   ``reject(requeue=True)``, which the next daemon would count as a death (see
@@ -34,6 +35,7 @@ import contextlib
 import contextvars
 import dataclasses
 import functools
+import itertools
 import logging
 import time
 from collections import deque
@@ -45,11 +47,15 @@ from truba.daemon.job_pipes import JobPipes
 from truba.daemon.stats import JobStats
 from truba.daemon.task_events import TaskEvents
 from truba.pipes.base import Confirmation, Delivery
+from truba.pipes.batch import ack_many, send_many
 from truba.pipes.errors import PipeClosed, PipeError
 from truba.pipes.outbound import let_out
 from truba.wire import ErrorInfo, GaveUpRecord, HandedBack, ResultMessage, TaskCodec, TaskMessage, new_copy_id
 
 log = logging.getLogger(__name__)
+ACK_RUN = 256
+"""Confirmed ends acked in one call at most (a bound on one call's work; under W1 a run is a
+frame's results or a few frames')."""
 
 
 @dataclass
@@ -91,8 +97,9 @@ class TaskEndings:
 
     async def complete(self, delivery: Delivery[TaskMessage], result: ResultMessage) -> None:
         """Publishes the task's result; acks once it is confirmed."""
+        results = self.pipes.results_for(delivery)
         try:
-            confirmation = await self.pipes.results.send(result)
+            confirmation = await results.send(result)
         except PipeError as exc:
             if exc.retryable or isinstance(exc, PipeClosed):
                 raise
@@ -101,10 +108,37 @@ class TaskEndings:
             result = ResultMessage(
                 result.task_id, False, None, error, result.daemon_id, result.seconds, result.attempts
             )
-            confirmation = await self.pipes.results.send(result)
+            confirmation = await results.send(result)
         self._settle_later(delivery, [confirmation], "result", result.ok, gave_up=False)
         if len(self._queue) == 1 and not self._holding_results():
             await let_out()  # the only end on its way: it leaves before the worker goes on
+
+    async def complete_many(self, ends: Sequence[tuple[Delivery[TaskMessage], ResultMessage]]) -> None:
+        """Publishes several tasks' results, in order, through the results stack in as few calls
+        as it takes (see :mod:`truba.pipes.batch`); acks each once it is confirmed, as
+        :meth:`complete` would. A result the stack does not take in a batch (it cannot be sent,
+        or must wait) goes through :meth:`complete` on its own, with its error handling."""
+        sender = self.pipes.results_for(ends[0][0])
+        if any(self.pipes.results_for(delivery) is not sender for delivery, _ in ends):
+            for end in ends:  # lone tasks and frame members together (not a chunk's): one by one
+                await self.complete(*end)
+            return
+        results = [result for _, result in ends]
+        context = contextvars.copy_context()  # the ends of a chunk share their log context
+        queue, done = self._queue, 0
+        while done < len(ends):
+            try:
+                confirmations = await send_many(sender, results[done:])
+            except PipeError:
+                await self.complete(*ends[done])
+                done += 1
+                continue
+            for (delivery, result), confirmation in zip(ends[done:], confirmations, strict=False):
+                queue.append(_End(delivery, [confirmation], "result", result.ok, False, context))
+            done += len(confirmations)
+            self._start_acker()
+        if len(queue) == len(ends) and not self._holding_results():
+            await let_out()  # the only ends on their way: they leave before the worker goes on
 
     def _holding_results(self) -> bool:
         """Results wait for a frame (a worker runs chunks of short tasks): none leaves alone now."""
@@ -132,7 +166,7 @@ class TaskEndings:
         record = GaveUpRecord(task.task_id, attempts, error, self.daemon_id, TaskCodec().encode(task))
         dead = await self.pipes.dead.send(record)
         result = ResultMessage(task.task_id, False, None, error, self.daemon_id, 0.0, attempts, gave_up=True)
-        told = await self.pipes.results.send(result)
+        told = await self.pipes.results_for(delivery).send(result)
         self.events.gave_up()
         self._settle_later(delivery, [dead, told], "give-up", False, gave_up=True)
 
@@ -148,6 +182,9 @@ class TaskEndings:
         # The acker logs each end in the context of the task it belongs to (its ids, its slot):
         # not in that of the task it was started for.
         self._queue.append(_End(delivery, confirmations, what, ok, gave_up, contextvars.copy_context()))
+        self._start_acker()
+
+    def _start_acker(self) -> None:
         if self._acker is None or self._acker.done():
             self._acker = asyncio.create_task(self._ack_in_order())
 
@@ -155,23 +192,54 @@ class TaskEndings:
         """Acks (or rejects) each end once its confirms came, oldest first, until none is left.
 
         Under load most ends are confirmed by their turn (a frame's confirm settles every result
-        in it): those are acked here directly, without a coroutine per end for the wait."""
+        in it): those are acked here directly, without a coroutine per end for the wait, and a
+        run of them in one call (:meth:`_ack_confirmed`)."""
         queue, is_open = self._queue, self._open.is_set
         while queue:
             end = queue[0]
+            if is_open() and _confirmed(end.confirmations):
+                await self._ack_confirmed(counted=0)
+                continue
             try:
-                if is_open() and _confirmed(end.confirmations):
-                    self._count_confirmed(end, 0.0)
-                    delivery = end.delivery
-                    await settle(delivery.ack())
-                    self.events.settled(delivery.message.task_id, end.what, acked=True, context=end.context)
-                else:
-                    await self._ack_when_confirmed(end)
-            finally:
+                confirmed = await self._confirm_in_turn(end)
+            except BaseException:
+                queue.popleft()
+                self._fewer.set()
+                raise
+            if confirmed:  # acked with the run of confirmed ends behind it
+                await self._ack_confirmed(counted=1)
+            else:
                 queue.popleft()
                 self._fewer.set()
 
-    async def _ack_when_confirmed(self, end: _End) -> None:
+    async def _ack_confirmed(self, counted: int) -> None:
+        """Acks the run of ends at the head of the queue whose confirms all came (the first
+        ``counted`` of them told and counted already), at most :data:`ACK_RUN`, in one call
+        through the task stack (see :mod:`truba.pipes.batch`)."""
+        queue, run = self._queue, 0
+        deliveries: list[Delivery[TaskMessage]] = []
+        for end in queue:
+            if run == ACK_RUN or not (run < counted or _confirmed(end.confirmations)):
+                break
+            if run >= counted:
+                self._count_confirmed(end, 0.0)
+            run += 1
+            deliveries.append(end.delivery)
+        try:
+            for error in await ack_many(self.pipes.tasks, deliveries):
+                _dropped(error)
+            settled = self.events.settled
+            for end in itertools.islice(queue, run):
+                settled(end.delivery.message.task_id, end.what, acked=True, context=end.context)
+        finally:
+            for _ in range(run):
+                queue.popleft()
+            self._fewer.set()
+
+    async def _confirm_in_turn(self, end: _End) -> bool:
+        """Waits for the confirms of ``end`` (the oldest), then for no hold: True once they all
+        came (told and counted; the caller acks it); False if one failed (then the end was
+        rejected with requeue here, and told)."""
         delivery, what, context = end.delivery, end.what, end.context
         task_id = delivery.message.task_id
         started = time.perf_counter()
@@ -186,12 +254,11 @@ class TaskEndings:
             await settle(delivery.reject(requeue=True))
             if exc.retryable:
                 self.on_broken(exc)
-            return
+            return False
         self._count_confirmed(end, time.perf_counter() - started)
         if not self._open.is_set():  # held (the common case is not: no coroutine for it then)
             await self._open.wait()
-        await settle(delivery.ack())
-        self.events.settled(task_id, what, acked=True, context=context)
+        return True
 
     def _count_confirmed(self, end: _End, waited: float) -> None:
         """Tells and counts an end whose confirms all came, ``waited`` seconds after its turn."""
@@ -254,4 +321,8 @@ async def settle(action: Awaitable[None]) -> None:
     try:
         await action
     except PipeError as exc:
-        log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})
+        _dropped(exc)
+
+
+def _dropped(exc: PipeError) -> None:
+    log.info("daemon.task.settle_dropped", extra={"error": repr(exc)})

@@ -25,6 +25,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import random
 import time
 from collections import OrderedDict
@@ -44,6 +45,7 @@ _TIE = 0.001  # seconds of expected wait that do not make one sender better than
 _RECHECK = 0.05  # seconds to wait for a full fast sender before reconsidering slower ones
 _SLOW_START = 32  # unconfirmed messages a sender may hold before its first confirm
 _EWMA = 0.1  # weight of a new sample below the current estimate
+_DECAY = 1.0  # seconds: an estimate no confirm has refreshed fades by e each (Finagle's decay time)
 _SLACK = 1.25  # a full sender's message goes elsewhere if it waits there at most this much longer
 _WAKE_BATCH = 32  # free places on a full sender that wake its waiters (fewer when its cap is small)
 
@@ -96,6 +98,7 @@ class BalanceSender(Generic[T]):
         self._down_until = [0.0] * len(senders)
         self._failures = [0] * len(senders)
         self._service = [_INITIAL_SERVICE] * len(senders)
+        self._observed_at = [monotonic()] * len(senders)
         self._confirmed = [0] * len(senders)
         # seq -> sent at, oldest first; ordered dicts find their oldest in O(1) however many
         # were popped from the front (a plain dict scans the holes they leave until it resizes)
@@ -178,8 +181,20 @@ class BalanceSender(Generic[T]):
         """
         return min(self._max_load, _SLOW_START + 2 * confirmed)
 
+    def _estimate(self, index: int, now: float) -> float:
+        """Sender ``index``'s service time per message, faded by the time since its last confirm.
+
+        Without the fade, one slow sample (a broker's pause, this process preempted) would make a
+        sender lose every comparison, so it would get no messages, hence no confirms to correct
+        the estimate: starved for good while the others have room. Fading (Finagle's peak EWMA
+        decays the same way) sends it a message again once the others' queues cost more.
+        """
+        elapsed = now - self._observed_at[index]
+        service = self._service[index]
+        return service * math.exp(-elapsed / _DECAY) if elapsed > 0.0 else service
+
     def _cost(self, index: int, now: float) -> float:
-        queued = self._service[index] * (self._windows[index].used + 1)
+        queued = self._estimate(index, now) * (self._windows[index].used + 1)
         pending = self._pending[index]
         if not pending:
             return queued
@@ -188,10 +203,11 @@ class BalanceSender(Generic[T]):
         oldest = now - pending[next(iter(pending))]
         return oldest if oldest > queued else queued
 
-    def _observe(self, index: int, seconds: float) -> None:
+    def _observe(self, index: int, seconds: float, now: float) -> None:
         """Peak EWMA: jumps up to a slow sample at once, decays towards fast ones."""
-        current = self._service[index]
+        current = self._estimate(index, now)
         self._service[index] = seconds if seconds > current else current + (seconds - current) * _EWMA
+        self._observed_at[index] = now
 
     async def _place(self, entry: _Entry[T], exclude: int) -> None:
         """Sends ``entry`` through a sender (``exclude`` only if it is the last one usable).
@@ -273,7 +289,8 @@ class BalanceSender(Generic[T]):
         if exc is None:
             self._entries.pop(seq, None)
             # Little's law: the wait divided by the messages it queued behind is a service time.
-            self._observe(index, (self._now() - entry.sent_at) / (entry.ahead + 1))
+            now = self._now()
+            self._observe(index, (now - entry.sent_at) / (entry.ahead + 1), now)
             confirmed = self._confirmed[index] = self._confirmed[index] + 1
             if window.limit < self._max_load:
                 window.resize(self._cap_for(confirmed))

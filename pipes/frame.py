@@ -130,12 +130,32 @@ class FrameSender:
             await self._window.wait()
             if self._closed:
                 raise PipeClosed("frame sender is closed")
+        if self._goes_alone():
+            return await self._send_alone(message)  # quiet: no waiting, no frame
+        return self._gather(message)
+
+    async def send_many(self, messages: Sequence[bytes]) -> list[Confirmation]:
+        """A batch (see :mod:`truba.pipes.batch`): each message is gathered as :meth:`send`
+        would gather it, without a coroutine of its own; one that :meth:`send` would send alone
+        or make wait for room is sent by :meth:`send` if it comes first, else ends the batch."""
+        taken = [await self.send(messages[0])]
+        for message in messages[1:]:
+            if self._closed or self._window.full or self._goes_alone():
+                break
+            taken.append(self._gather(message))
+        return taken
+
+    def _goes_alone(self) -> bool:
+        """The next message goes on its own now: nothing gathered, and quiet (or no frames)."""
+        limits = self.limits
+        return not self._pending.messages and (
+            limits.max_messages == 1 or (len(self._in_flight) < limits.eager and not limits.holding)
+        )
+
+    def _gather(self, message: bytes) -> Confirmation:
+        """Takes ``message`` into the next frame (there is room: see :meth:`send`)."""
         limits = self.limits
         pending = self._pending
-        if not pending.messages and (
-            limits.max_messages == 1 or (len(self._in_flight) < limits.eager and not limits.holding)
-        ):
-            return await self._send_alone(message)  # quiet: no waiting, no frame
         if pending.messages and pending.size + len(message) > limits.max_bytes:
             self._flush_soon()  # the frame would grow past its byte cap: it goes first
             pending = self._pending

@@ -18,7 +18,7 @@ class FrameLimits:
     wait to be packed (0: always gather, up to ``max_delay``).
     """
 
-    max_messages: int = 64
+    max_messages: int = 128
     max_bytes: int = 256 * 1024
     max_delay: float = 0.005
     eager: int = 1

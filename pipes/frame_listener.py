@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import final
 
 from truba.pipes.base import Delivery, Listener, Sender
+from truba.pipes.batch import ack_many
 from truba.pipes.errors import PipeError
 from truba.pipes.frame_format import MalformedFrame
 from truba.pipes.frame_format import members as frame_members
@@ -63,15 +64,25 @@ class _Frame:
                 self.again = True
         elif how == "reject":
             self.dead = True
+        if self.counted():
+            await self.finish()
+
+    def counted(self) -> bool:
+        """One member more is settled; True when it was the last (the frame is to be settled)."""
         self.left -= 1
         if self.left == 0:
             self.settled = True
-            if self.again:
-                await self.delivery.reject(requeue=True)
-            elif self.dead:
-                await self.delivery.reject(requeue=False)
-            else:
-                await self.delivery.ack()
+            return True
+        return False
+
+    async def finish(self) -> None:
+        """Settles the frame with the broker, as its members were settled."""
+        if self.again:
+            await self.delivery.reject(requeue=True)
+        elif self.dead:
+            await self.delivery.reject(requeue=False)
+        else:
+            await self.delivery.ack()
 
 
 @final
@@ -100,10 +111,25 @@ class _Member:
         return self._frame.headers
 
     async def ack(self) -> None:
+        frame = self._frame
+        if not self._settled and frame.left > 1:
+            # Not the frame's last member: nothing to wait for, counted here (a coroutine less
+            # per member: every task's result, every frame's but one, passes here).
+            self._settled = True
+            frame.left -= 1
+            return
         await self._settle("ack")
 
     async def reject(self, requeue: bool) -> None:
         await self._settle("requeue" if requeue else "reject")
+
+    def acked(self) -> _Frame | None:
+        """Settles this member as acked without settling its frame: the frame, if this was its
+        last member (its owner settles it then: see :meth:`FrameListener.ack_many`), else None."""
+        if self._settled:
+            raise PipeError("frame member already settled")
+        self._settled = True
+        return self._frame if self._frame.counted() else None
 
     async def _settle(self, how: str) -> None:
         if self._settled:
@@ -180,6 +206,29 @@ class FrameListener:
     def held(self) -> int:
         """Members received and not handed out yet."""
         return len(self._ready)
+
+    def take_held(self, most: int | None = None) -> list[Delivery[bytes]]:
+        """The members received and not handed out yet, at once, oldest first (none: []): every
+        one, or the ``most`` oldest.
+
+        For a consumer that takes what is at hand in one call (the client's result stream, a
+        daemon's worker taking a chunk): the rest of a frame costs it no ``get`` per member.
+        Taken, they are the caller's to settle, as if each had come from ``get``."""
+        ready = self._ready
+        if not ready:
+            return []
+        if most is None or most >= len(ready):
+            taken = [delivery for _, delivery in ready]
+            ready.clear()
+            return taken
+        popleft = ready.popleft
+        return [popleft()[1] for _ in range(most)]
+
+    def give_back(self, deliveries: Sequence[Delivery[bytes]]) -> None:
+        """Puts members taken with :meth:`take_held` and not handed out back in front, in their
+        order: the next ``get`` hands out the first (a consumer that cannot take one itself)."""
+        now = time.monotonic()
+        self._ready.extendleft((now, delivery) for delivery in reversed(deliveries))
 
     def held_for(self) -> float:
         """Seconds the oldest member not handed out yet has waited here (0.0: none waits).
@@ -349,6 +398,34 @@ class FrameListener:
         finally:
             self._pull = None
             self._wake()
+
+    async def ack_many(self, deliveries: Sequence[Delivery[bytes]]) -> list[PipeError]:
+        """Acks a batch (see :mod:`truba.pipes.batch`): a member's ack only counts it in its
+        frame, with no coroutine of its own; a frame whose members are all settled now is
+        settled with the broker, and lone messages are acked, through the inner listener in
+        one call."""
+        errors: list[PipeError] = []
+        below: list[Delivery[bytes]] = []
+        for delivery in deliveries:
+            if not isinstance(delivery, _Member):
+                below.append(delivery)
+                continue
+            try:
+                frame = delivery.acked()
+            except PipeError as exc:
+                errors.append(exc)
+                continue
+            if frame is not None:
+                if frame.again or frame.dead:  # a member was put back: not a plain ack
+                    try:
+                        await frame.finish()
+                    except PipeError as exc:
+                        errors.append(exc)
+                else:
+                    below.append(frame.delivery)
+        if below:
+            errors += await ack_many(self.inner, below)
+        return errors
 
     def subscribe(self, callback: Callable[[Delivery[bytes]], Awaitable[None]]) -> None:
         async def each(delivery: Delivery[bytes]) -> None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from truba.pipes.base import Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.batch import ack_many, send_many
 from truba.pipes.errors import PipeClosed, PipeError
 
 T = TypeVar("T")
@@ -37,14 +38,34 @@ class LogSender(Generic[T]):
         except PipeClosed:
             raise
         except PipeError as exc:
-            self.logger.warning(f"pipe.{self.role}.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
-            self.logger.debug(f"pipe.{self.role}.failed", exc_info=exc)
+            self._failed(exc)
             raise
         if self.logger.isEnabledFor(logging.DEBUG):
             self.logger.debug(f"pipe.{self.role}.sent")
         if self.confirms:
             confirmation.add_done_callback(self._confirmed)
         return confirmation
+
+    async def send_many(self, messages: Sequence[T]) -> list[Confirmation]:
+        """A batch in one call (see :mod:`truba.pipes.batch`), logged as :meth:`send` logs each."""
+        try:
+            confirmations = await send_many(self.inner, messages)
+        except PipeClosed:
+            raise
+        except PipeError as exc:
+            self._failed(exc)
+            raise
+        if self.logger.isEnabledFor(logging.DEBUG):
+            for _ in confirmations:
+                self.logger.debug(f"pipe.{self.role}.sent")
+        if self.confirms:
+            for confirmation in confirmations:
+                confirmation.add_done_callback(self._confirmed)
+        return confirmations
+
+    def _failed(self, exc: PipeError) -> None:
+        self.logger.warning(f"pipe.{self.role}.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
+        self.logger.debug(f"pipe.{self.role}.failed", exc_info=exc)
 
     def _confirmed(self, confirmation: Confirmation) -> None:
         if confirmation.cancelled():
@@ -94,6 +115,10 @@ class LogListener(Generic[T]):
         if delivery is not None and self.logger.isEnabledFor(logging.DEBUG):
             self.logger.debug(f"pipe.{self.role}.received", extra={"redelivered": delivery.redelivered})
         return delivery
+
+    async def ack_many(self, deliveries: Sequence[Delivery[T]]) -> list[PipeError]:
+        """Passes a batch of acks down (see :mod:`truba.pipes.batch`)."""
+        return await ack_many(self.inner, deliveries)
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         self.inner.subscribe(callback)

@@ -2,12 +2,14 @@
 no second run.
 
 AMQP has no partial ack: a daemon that dies with part of a frame done leaves the whole frame to
-be redelivered. So the daemon's result sender copies every result message into a stream, the
-job's *result log* (a stream) (on the same broker, within the same confirm: see ``copy_to`` of
-a :class:`~truba.pipes.broker.Broker`'s sender): a result is confirmed exactly when its broker's result
-log holds it. A consumer that gets a delivery back redelivered reads the result log of every broker from
-about when the delivery was first sent, and settles the members that already have a result
-instead of handing them out to run again (see :class:`~truba.pipes.frame.FrameListener`).
+be redelivered. So the daemon's result sender copies the result of every frame member into a
+stream, the job's *result log* (on the same broker, within the same confirm: see ``copy_to`` of
+a :class:`~truba.pipes.broker.Broker`'s sender): a frame member's result is confirmed exactly
+when its broker's result log holds it. (A task delivered alone needs no copy: only redelivered
+frames are looked up, see below.) A consumer that gets a delivery back redelivered reads the
+result log of every broker from about when the delivery was first sent, and settles the members
+that already have a result instead of handing them out to run again (see
+:class:`~truba.pipes.frame.FrameListener`).
 
 A member can also be done here without a result: a consumer that *handed it back* out of a frame
 (published it again as a message of its own, a new copy with a copy id of its own, then settled

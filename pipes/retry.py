@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 from truba.backoff import Backoff
 from truba.pipes.base import Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.batch import ack_many, send_many
 from truba.pipes.errors import PipeError
 
 T = TypeVar("T")
@@ -44,6 +45,16 @@ class RetrySender(Generic[T]):
                 )
                 await self.backoff.sleep(delay)
                 attempt += 1
+
+    async def send_many(self, messages: Sequence[T]) -> list[Confirmation]:
+        """A batch in one call (see :mod:`truba.pipes.batch`); once it fails, its first message
+        goes through :meth:`send`, retried, and the rest come again in the caller's next call."""
+        try:
+            return await send_many(self.inner, messages)
+        except PipeError as exc:
+            if not exc.retryable:
+                raise
+        return [await self.send(messages[0])]
 
     def unconfirmed(self) -> Sequence[T]:
         return self.inner.unconfirmed()
@@ -83,6 +94,10 @@ class RetryListener(Generic[T]):
                 )
                 await self.backoff.sleep(delay)
                 attempt += 1
+
+    async def ack_many(self, deliveries: Sequence[Delivery[T]]) -> list[PipeError]:
+        """Passes a batch of acks down (see :mod:`truba.pipes.batch`); acks are not retried."""
+        return await ack_many(self.inner, deliveries)
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         self.inner.subscribe(callback)

@@ -13,12 +13,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Generic, TypeVar
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import msgpack
 
 from truba.pipes.base import Codec, Confirmation, Delivery, Layer, Listener, ListenerLayer, Sender
+from truba.pipes.batch import ack_each, ack_many, send_many
 from truba.pipes.errors import CodecError, MessageTooLarge, PipeError
 
 T = TypeVar("T")
@@ -46,6 +47,27 @@ class SerializeSender(Generic[T]):
                 f"message of {len(data):,} bytes encoded is over the limit of {self.max_size:,} bytes"
             )
         return await self.inner.send(data)
+
+    async def send_many(self, messages: Sequence[T]) -> list[Confirmation]:
+        """Encodes a batch and sends it in one call (see :mod:`truba.pipes.batch`): a message
+        that cannot be encoded, or is too large, ends the batch before it (raised if first)."""
+        encode, max_size = self.codec.encode, self.max_size
+        encoded: list[bytes] = []
+        for message in messages:
+            try:
+                data = encode(message)
+            except CodecError:
+                if encoded:
+                    break
+                raise
+            if max_size is not None and len(data) > max_size:
+                if encoded:
+                    break
+                raise MessageTooLarge(
+                    f"message of {len(data):,} bytes encoded is over the limit of {max_size:,} bytes"
+                )
+            encoded.append(data)
+        return await send_many(self.inner, encoded)
 
     def unconfirmed(self) -> Sequence[T]:
         return [self.codec.decode(data) for data in self.inner.unconfirmed()]
@@ -88,6 +110,15 @@ class DecodedDelivery(Generic[T]):
         await self.inner.reject(requeue)
 
 
+@runtime_checkable
+class HoldsMembers(Protocol):
+    """An inner listener that holds deliveries at hand (the unframe layer: a frame's members)."""
+
+    def take_held(self, most: int | None = None) -> list[Delivery[bytes]]: ...
+
+    def give_back(self, deliveries: Sequence[Delivery[bytes]]) -> None: ...
+
+
 @dataclass
 class DeserializeListener(Generic[T]):
     """Decodes deliveries of a ``Listener[bytes]``; poison deliveries go to the dead-letter path."""
@@ -96,6 +127,12 @@ class DeserializeListener(Generic[T]):
     codec: Codec[T]
     dead_letters: Sender[bytes] | None = None
     monotonic: Callable[[], float] = time.monotonic
+    _holds: HoldsMembers | None = field(init=False, default=None, repr=False)
+    """The inner listener, when it holds members at hand (:meth:`get_batch` takes them)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.inner, HoldsMembers):  # once: a protocol check is not cheap
+            self._holds = self.inner
 
     async def get(self, timeout: float) -> Delivery[T] | None:
         deadline = self.monotonic() + timeout
@@ -108,6 +145,38 @@ class DeserializeListener(Generic[T]):
                 return decoded
             if self.monotonic() >= deadline:
                 return None
+
+    async def get_batch(self, timeout: float) -> list[Delivery[T]]:
+        """The next delivery (waiting up to ``timeout`` seconds, as :meth:`get`; [] on timeout),
+        with every one the inner listener holds at hand after it (:meth:`take_at_hand`)."""
+        first = await self.get(timeout)
+        if first is None:
+            return []
+        batch: list[Delivery[T]] = [first]
+        batch += self.take_at_hand()
+        return batch
+
+    def take_at_hand(self, most: int | None = None) -> list[Delivery[T]]:
+        """Deliveries the inner listener holds at hand (every one, or the ``most`` oldest),
+        decoded, without a wait: the rest of a frame
+        (:meth:`~truba.pipes.frame_listener.FrameListener.take_held`) costs no ``get`` per
+        member. [] when none is at hand or the inner listener holds none. A member that cannot
+        be decoded ends the batch: it goes back in front with those after it, and the next
+        :meth:`get` dead-letters it as it does any poison (not here: dead-lettering waits, and a
+        wait would make this a coroutine, whose cancellation could lose what it decoded)."""
+        holds = self._holds
+        if holds is None:
+            return []
+        held = holds.take_held(most)
+        taken: list[Delivery[T]] = []
+        decode = self.codec.decode
+        for index, delivery in enumerate(held):
+            try:
+                taken.append(DecodedDelivery(delivery, decode(delivery.message)))
+            except CodecError:
+                holds.give_back(held[index:])
+                break
+        return taken
 
     async def _decode(self, delivery: Delivery[bytes]) -> DecodedDelivery[T] | None:
         try:
@@ -137,6 +206,18 @@ class DeserializeListener(Generic[T]):
                 await delivery.ack()
                 return
         await delivery.reject(requeue=False)
+
+    async def ack_many(self, deliveries: Sequence[Delivery[T]]) -> list[PipeError]:
+        """Acks a batch of its deliveries through the inner listener in one call (see
+        :mod:`truba.pipes.batch`); one it did not decode is acked on its own."""
+        inner: list[Delivery[bytes]] = []
+        errors: list[PipeError] = []
+        for delivery in deliveries:
+            if isinstance(delivery, DecodedDelivery):
+                inner.append(delivery.inner)
+            else:
+                errors += await ack_each([delivery])
+        return errors + await ack_many(self.inner, inner) if inner else errors
 
     def subscribe(self, callback: Callable[[Delivery[T]], Awaitable[None]]) -> None:
         async def decode_then_call(delivery: Delivery[bytes]) -> None:

@@ -30,7 +30,7 @@ from typing import Generic, TypeVar
 
 from truba.backoff import Backoff
 from truba.pipes.balance import BalanceSender
-from truba.pipes.base import Codec, Layer, LinkHealth, Listener, Sender
+from truba.pipes.base import Codec, Layer, Listener, Sender
 from truba.pipes.broker import Broker, PrefetchListener, QueueSpec
 from truba.pipes.frame import FrameSender
 from truba.pipes.frame_limits import FrameLimits
@@ -81,9 +81,15 @@ class SendStack(Generic[T]):
     frames: FrameLimits | None
     """The limits its frame layers share: :meth:`~FrameLimits.hold` keeps messages from going
     out alone while more follow at once, :meth:`~FrameLimits.release` lets them. None: no frames."""
-    links: tuple[LinkHealth, ...]
+    links: tuple[ReopenSender[bytes], ...]
     """Each broker's leaf, in the brokers' order: ``ready`` and ``on_break`` (``balance`` hears
     them through the same objects)."""
+
+    def connect_ahead(self) -> None:
+        """Starts each broker's first connect now rather than at the first send (see
+        :meth:`~truba.pipes.reopen.ReopenSender.connect_ahead`)."""
+        for link in self.links:
+            link.connect_ahead()
 
 
 @dataclass(frozen=True)

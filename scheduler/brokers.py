@@ -109,20 +109,22 @@ class BrokerAdmin:
     async def declare(self, queues: JobQueues) -> None:
         """Declares the job's queues and its record stream (idempotent).
 
-        The task queue goes first, on its own time bound: on a broker's first job it also
-        declares the broker's delay levels (32 quorum queues: seconds on a busy machine)."""
-        tasks = queues.spec(queues.tasks)
+        The task queue (with its dead-letter queue) goes first, on its own time bound: on a
+        broker's first job it also declares the broker's delay levels (32 quorum queues: seconds
+        on a busy machine). The queues of each step are declared at once, each on its own
+        channel (a quorum queue's declare waits for its Raft member to start): CreateJob
+        waits for the slowest, not for the sum."""
 
         async def declare_tasks(connection: AdminConnection) -> None:
-            await connection.declare(queues.spec(queues.dead))  # the task queue dead-letters there
-            await connection.declare(tasks)
+            # The task queue dead-letters into the dead one; nothing can be dead-lettered before
+            # CreateJob returns, so they need no order.
+            await asyncio.gather(
+                connection.declare(queues.spec(queues.dead)), connection.declare(queues.spec(queues.tasks))
+            )
 
         await self._run(f"declare {queues.tasks}", declare_tasks)
 
-        async def declare_all(connection: AdminConnection) -> None:
-            for spec in queues.specs():
-                if spec.name not in (queues.result_log, queues.tasks, queues.dead):
-                    await connection.declare(spec)
+        async def declare_record(connection: AdminConnection) -> None:
             try:
                 await connection.declare(queues.spec(queues.result_log))
             except ChannelLost as exc:  # a broker without streams: the job runs without a record
@@ -131,7 +133,15 @@ class BrokerAdmin:
                     extra={"broker": self.info.name, "queue": queues.result_log, "error": str(exc)},
                 )
 
-        await self._run(f"declare {queues.tasks}", declare_all)
+        async def declare_rest(connection: AdminConnection) -> None:
+            rest = [
+                connection.declare(spec)
+                for spec in queues.specs()
+                if spec.name not in (queues.result_log, queues.tasks, queues.dead)
+            ]
+            await asyncio.gather(*rest, declare_record(connection))
+
+        await self._run(f"declare {queues.tasks}", declare_rest)
 
     async def delete(self, queues: JobQueues, *, keep_dead: bool = False) -> None:
         """Deletes the job's queues (and its clients' marker) with their messages, but for its

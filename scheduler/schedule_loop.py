@@ -32,6 +32,7 @@ from truba.pipes.errors import PipeError
 from truba.queues import JobQueues, job_queues
 from truba.scheduler.errors import StoreUnavailable
 from truba.scheduler.schedule_model import (
+    LEASE_GRACE,
     START_WITHIN,
     RunOutcome,
     Schedule,
@@ -129,12 +130,29 @@ class FiringLoop:
         reader records its job's results (tests drive :meth:`record` themselves)."""
         tracked = self._tracked.get(schedule.id)
         if tracked is None:
+            schedule = self._with_time_to_read(schedule)
             tracked = _Tracked(schedule, self._pipes.open(self._queues(schedule.job_id)))
             self._tracked[schedule.id] = tracked
             if read:
                 tracked.reader = asyncio.create_task(self._read(tracked), name=f"schedule-{schedule.id}")
         tracked.schedule = schedule
         self._wake.set()
+
+    def _with_time_to_read(self, schedule: Schedule) -> Schedule:
+        """A schedule first tracked here (the scheduler restarted, or took over) with a run whose
+        lease ran out, or nearly, while no loop read its job's results: the run's outcome may be
+        waiting in the results queue, so the lease is held (here, not in the store) for
+        :data:`LEASE_GRACE` more, time for the reader to record it rather than count it lost."""
+        if not schedule.run_task:
+            return schedule
+        until = self._clock() + LEASE_GRACE
+        if schedule.lease_until >= until:
+            return schedule
+        log.info(
+            "sched.schedule.lease_held_to_read",
+            extra={"schedule_id": schedule.id, "task_id": schedule.run_task, "until": round(until, 3)},
+        )
+        return replace(schedule, lease_until=until)
 
     def owner_of(self, job_id: str) -> str | None:
         """The id of the tracked schedule whose runs go to ``job_id``, if any."""

@@ -94,6 +94,10 @@ class RabbitListener:
         self._closed = False
         self._cancelled = False
         self._cancelling: asyncio.Future[None] | None = None
+        self._consumer_lock = asyncio.Lock()
+        """Held while the consumer changes (a new prefetch's swap, the cancel): a cancel must not
+        miss the consumer a swap is starting. (``close`` needs no turn: closing the channel ends
+        every consumer on it.)"""
         self._broken: PipeBroken | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self.queue = queue.name
@@ -107,11 +111,35 @@ class RabbitListener:
     name = "rabbit"
 
     async def set_prefetch(self, count: int) -> None:
-        """Changes how many unsettled deliveries the broker may push to this consumer."""
-        with map_amqp_errors(f"qos on {self.queue}"):
-            await self._channel.set_qos(prefetch_count=count)
+        """Changes how many unsettled deliveries the broker may push to this consumer.
+
+        RabbitMQ applies a consumer's prefetch (``basic.qos``, not global: quorum queues refuse
+        a global one) when the consumer starts, never to a consumer already running: a
+        ``basic.qos`` alone would leave the window as it was. So a consuming leaf starts a new
+        consumer on the same channel under the new size, then cancels the old one (consume
+        first: deliveries do not pause). What was delivered to the old consumer stays
+        settleable (delivery tags are the channel's), and what the broker sent it before its
+        cancel-ok still reaches this leaf's buffer (aiormq drops the consumer's callback only
+        at cancel-ok). Until those old deliveries are settled, the leaf may hold up to the old
+        size more than the new one.
+        """
+        async with self._consumer_lock:
+            with map_amqp_errors(f"qos on {self.queue}"):
+                await self._channel.set_qos(prefetch_count=count)
+            old = self._consumer_tag
+            if old is None or self._cancelled or self._closed or self._broken is not None:
+                return  # not consuming: the next consume applies the size
+            await self._consume()
+            with map_amqp_errors(f"cancel {self.queue}"):
+                channel = await self._channel.get_underlay_channel()
+                await channel.basic_cancel(old)
+            log.debug("pipe.rabbit.prefetch_applied", extra={"queue": self.queue, "prefetch": count})
 
     async def start(self) -> None:
+        async with self._consumer_lock:
+            await self._consume()
+
+    async def _consume(self) -> None:
         with map_amqp_errors(f"consume {self.queue}"):
             # On the aiormq channel: deliveries come as they are, without a copy per message.
             channel = await self._channel.get_underlay_channel()
@@ -160,10 +188,11 @@ class RabbitListener:
         await asyncio.shield(self._cancelling)
 
     async def _cancel(self) -> None:
-        if self._consumer_tag is not None and not self._channel.is_closed and self._broken is None:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
-            self._consumer_tag = None
+        async with self._consumer_lock:
+            if self._consumer_tag is not None and not self._channel.is_closed and self._broken is None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
+                self._consumer_tag = None
         # Deliveries that preceded cancel-ok may still be on their way through aio-pika's
         # dispatch: let them reach the buffer, where the owner can hand them back unspent.
         await asyncio.sleep(CANCEL_SETTLE)

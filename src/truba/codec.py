@@ -35,7 +35,9 @@ import decimal
 import pickle
 import struct
 import sys
+import threading
 import uuid
+from collections.abc import Sequence
 from typing import Any, Final
 
 import msgpack
@@ -50,6 +52,7 @@ __all__ = [
     "NotPickled",
     "default",
     "ext_hook",
+    "pack_parts",
     "packb",
     "pickled",
     "unpackb",
@@ -132,14 +135,78 @@ def _array(numpy: Any, data: bytes) -> object:
     return numpy.frombuffer(data, dtype=dtype, offset=at).reshape(shape)
 
 
+_packers = threading.local()
+"""This thread's packer, as ``packer`` (see :func:`packb`)."""
+
+
 def packb(obj: object) -> bytes:
     """``obj`` as msgpack with truba's extension types.
+
+    One packer per thread, kept: ``msgpack.packb`` makes a packer per call, which costs several
+    times the packing of a small message (every task and every result is packed once). Per
+    thread because a packer is not thread-safe (``default`` is Python code: another thread may
+    run while it does); :func:`default` never packs, so a packer is never entered twice.
 
     Raises:
         TypeError, ValueError, OverflowError: ``obj`` holds something that cannot be sent.
     """
-    packed: bytes = msgpack.packb(obj, use_bin_type=True, default=default)
+    try:
+        packer = _packers.packer
+    except AttributeError:
+        packer = _packers.packer = msgpack.Packer(use_bin_type=True, default=default, autoreset=True)
+    packed: bytes = packer.pack(obj)  # on an error the packer drops what it had packed
     return packed
+
+
+LARGE: Final = 64 * 1024
+"""A ``bytes`` or extension value at least this long is packed by reference (see :func:`pack_parts`)."""
+_BIN32: Final = struct.Struct(">BI")
+_EXT32: Final = struct.Struct(">BIb")
+
+
+def is_large(value: object) -> bool:
+    """``value`` is a ``bytes`` or an extension (a pickled value) of :data:`LARGE` bytes or more:
+    :func:`pack_parts` does not copy it (one type check on the hot path of small messages)."""
+    if type(value) is bytes:
+        return len(value) >= LARGE
+    return isinstance(value, msgpack.ExtType) and type(value.data) is bytes and len(value.data) >= LARGE
+
+
+def pack_parts(items: Sequence[object]) -> list[bytes]:
+    """``packb(list(items))``, in parts whose concatenation is exactly those bytes: each large
+    ``bytes`` item (:data:`LARGE` or longer), or large extension (a pickled value), is a part of
+    its own, the very object, not a copy.
+
+    So a 1 MB payload is copied once to join the parts of a message (``b"".join``), not twice
+    (msgpack's buffer, then the ``bytes`` it returns), or not at all where the parts are written
+    one after the other (a slot's pipe). Smaller items are packed together as ``packb`` does.
+
+    Raises:
+        TypeError, ValueError, OverflowError: an item cannot be sent (as :func:`packb`).
+    """
+    parts: list[bytes] = []
+    small: list[object] = []
+    n = len(items)
+    head = (
+        bytes([0x90 | n])
+        if n < 16
+        else (b"\xdc" + n.to_bytes(2, "big") if n < 1 << 16 else b"\xdd" + n.to_bytes(4, "big"))
+    )
+    for item in items:
+        if not is_large(item):
+            small.append(item)
+            continue
+        if type(item) is bytes:
+            parts.append(b"".join([head, *map(packb, small), _BIN32.pack(0xC6, len(item))]))
+            parts.append(item)
+        else:
+            assert isinstance(item, msgpack.ExtType)
+            parts.append(b"".join([head, *map(packb, small), _EXT32.pack(0xC9, len(item.data), item.code)]))
+            parts.append(item.data)
+        head, small = b"", []
+    if head or small:
+        parts.append(b"".join([head, *map(packb, small)]))
+    return parts
 
 
 def unpackb(data: bytes) -> Any:

@@ -117,11 +117,27 @@ class GaveUpRecord:
     body: bytes
 
 
-def _pack(obj: object, what: str) -> bytes:
+def _pack(obj: object, what: str, task_id: str = "") -> bytes:
+    """``obj`` as msgpack; CodecError naming ``what`` (with ``task_id`` in its ``{}``, formatted
+    only then: every task and result passes here) if it cannot be sent."""
     try:
         return codec.packb(obj)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise CodecError(f"{what} is not msgpack-serializable: {exc}") from exc
+        named = what.format(task_id) if task_id else what
+        raise CodecError(f"{named} is not msgpack-serializable: {exc}") from exc
+
+
+def _pack_fields(fields: list[object], large: object, what: str, task_id: str = "") -> bytes:
+    """``_pack(fields)``; when ``large`` (one of the fields: a payload, a value) is a large
+    ``bytes`` or pickled value, it is copied once into the message, not twice (see
+    :func:`truba.codec.pack_parts`)."""
+    if not codec.is_large(large):
+        return _pack(fields, what, task_id)
+    try:
+        return b"".join(codec.pack_parts(fields))
+    except (TypeError, ValueError, OverflowError) as exc:
+        named = what.format(task_id) if task_id else what
+        raise CodecError(f"{named} is not msgpack-serializable: {exc}") from exc
 
 
 def _unpack(data: bytes, what: str) -> list[object]:
@@ -195,7 +211,7 @@ def encode_task(
         extras["copy_id"] = copy_id
     if extras:
         fields.append(extras)
-    return _pack(fields, f"task {task_id} payload")
+    return _pack_fields(fields, payload, "task {} payload", task_id)
 
 
 class TaskCodec:
@@ -262,7 +278,7 @@ class ResultCodec:
             extras["gave_up"] = True
         if extras:
             fields.append(extras)
-        return _pack(fields, f"result of task {message.task_id}")
+        return _pack_fields(fields, body, "result of task {}", message.task_id)
 
     def decode(self, data: bytes) -> ResultMessage:
         return self.decode_as(data, ResultMessage)

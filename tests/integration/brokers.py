@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Final, Literal, Protocol
 
 from truba.local import LocalRabbitNode, free_port, start_nodes, unique_nodename
+from truba.local.layout import NO_BUSY_WAIT
 from truba.local.probe import speaks_amqp
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,9 @@ class DockerRabbitNode:
         self._container = RabbitMqContainer(self.IMAGE)
         self._container.with_bind_ports(5672, self._port)
         self._container.with_name(unique_nodename("truba-test").partition("@")[0])
-        self._container.with_env("RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", "-rabbit consumer_timeout 7200000")
+        self._container.with_env(
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS", f"{NO_BUSY_WAIT} -rabbit consumer_timeout 7200000"
+        )
         self._started = False
 
     @property

@@ -80,6 +80,18 @@ def test_a_daemon_killed_halfway_loses_no_outcome(cluster: Cluster) -> None:
     assert not cluster.daemons[0].alive() and cluster.daemons[1].alive()
 
 
+def test_large_payloads_among_small_ones_come_back_whole_once_each(cluster: Cluster) -> None:
+    # 1 MB and 70 KB payloads are packed in parts, cross the slots' widened pipes and come back
+    # in chunks; the small ones between them travel in frames.
+    sizes = [100, 70_000, 1_000_000, 10] * 15
+    payloads = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    with truba.connect(cluster.address) as client:
+        job = client.create_job(handler="tests.handlers.basic:echo")
+        outcomes = list(job.map(payloads))
+    assert len({o.task_id for o in outcomes}) == len(payloads)
+    assert [o.value for o in outcomes] == payloads
+
+
 def test_a_handler_outside_the_allow_list_is_refused_at_once(cluster: Cluster) -> None:
     with truba.connect(cluster.address) as client:
         began = time.monotonic()

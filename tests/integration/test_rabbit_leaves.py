@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from truba.pipes.base import Delivery
 from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, SendTimeout
 from truba.pipes.rabbit import RabbitConnection
@@ -112,6 +113,83 @@ async def test_settling_on_a_closed_channel_raises_channel_lost_and_the_broker_r
     assert redelivered is not None and redelivered.message == b"task" and redelivered.redelivered
     await redelivered.ack()
     await again.close()
+    await sender.close()
+    await connection.delete(name)
+
+
+async def test_a_new_prefetch_applies_to_the_running_consumer_and_loses_or_doubles_nothing(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    # RabbitMQ applies basic.qos to consumers started after it only: the leaf starts a new
+    # consumer under the new size and cancels the old one (the daemon's window grows once a
+    # job's tasks are known to be short; before, it stayed at its first size).
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name)
+    await asyncio.gather(*[await sender.send(f"m{i:02}".encode()) for i in range(40)])
+    listener = await connection.listener(name, prefetch=2)
+
+    async def held() -> list[Delivery[bytes]]:
+        got = []
+        while (delivery := await listener.get(0.3)) is not None:
+            got.append(delivery)
+        return got
+
+    async def ack(deliveries: list[Delivery[bytes]]) -> list[bytes]:
+        for delivery in deliveries:
+            await delivery.ack()
+        return [delivery.message for delivery in deliveries]
+
+    first = await held()
+    assert len(first) == 2
+    await listener.set_prefetch(6)
+    grown = await held()
+    assert len(grown) == 6  # the old consumer's 2 are still held, and settleable
+    taken = await ack(first + grown)
+    again = await held()
+    assert len(again) == 6  # the old consumer is gone: its credit does not add up
+    await listener.set_prefetch(3)
+    shrunk = await held()
+    assert len(shrunk) == 3
+    taken += await ack(again + shrunk)
+    while batch := await held():
+        assert len(batch) <= 3
+        taken += await ack(batch)
+    assert sorted(taken) == [f"m{i:02}".encode() for i in range(40)]  # each once
+    assert await connection.message_count(name) == 0
+    await listener.close()
+    await sender.close()
+    await connection.delete(name)
+
+
+async def test_a_cancel_during_a_new_prefetch_leaves_no_consumer_behind(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    # The runner's close cancels the consumer while a resize may be starting a new one: the
+    # cancel waits for that swap and cancels what it started, so nothing more is delivered.
+    # The cancel comes at different moments of the swap (qos, consume, cancel: one RPC each).
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name)
+    await asyncio.gather(*[await sender.send(f"m{i:03}".encode()) for i in range(200)])
+    taken = 0
+    for delay in (0.0, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.02):
+        listener = await connection.listener(name, prefetch=2)
+        held = [await listener.get(5.0), await listener.get(5.0)]
+        resizing = asyncio.create_task(listener.set_prefetch(6))
+        await asyncio.sleep(delay)
+        await listener.cancel()
+        await resizing
+        while (delivery := await listener.get(0.0)) is not None:
+            held.append(delivery)
+        for delivery in held:
+            assert delivery is not None
+            await delivery.ack()
+        taken += len(held)
+        await asyncio.sleep(0.3)  # a consumer left running would be sent more now that credit is back
+        assert await listener.get(0.0) is None, delay
+        assert await connection.message_count(name) == 200 - taken
+        await listener.close()
     await sender.close()
     await connection.delete(name)
 

@@ -69,6 +69,32 @@ def test_something_else_is_still_a_codec_error_naming_its_type() -> None:
         TaskCodec().encode(TaskMessage("t", object()))
 
 
+def test_a_value_that_cannot_be_packed_leaves_nothing_behind_for_the_next_one() -> None:
+    # packb keeps one packer per thread: a pack that failed halfway must not leave its first
+    # elements in the packer's buffer, in front of the next message.
+    with pytest.raises(CodecError, match=r"task t1 payload is not msgpack-serializable"):
+        TaskCodec().encode(TaskMessage("t1", [b"x" * 100, object()]))
+    assert codec.packb([1, "a"]) == msgpack.packb([1, "a"], use_bin_type=True)
+
+
+def test_threads_pack_at_once_each_with_its_own_packer() -> None:
+    import threading
+
+    values = [[n, datetime.date(2020, 1, 1 + n % 28), uuid.UUID(int=n)] for n in range(2000)]
+    got: dict[int, list[bytes]] = {}
+
+    def pack_all(key: int) -> None:
+        got[key] = [codec.packb(value) for value in values]
+
+    threads = [threading.Thread(target=pack_all, args=(key,)) for key in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    expected = [msgpack.packb(value, use_bin_type=True, default=codec.default) for value in values]
+    assert all(got[key] == expected for key in range(4))
+
+
 def test_a_pickle_job_s_client_unpickles_results_and_an_unpicklable_one_is_the_task_s_error() -> None:
     good = ResultCodec().encode(ResultMessage("t", True, codec.pickled({1, 2})))
     assert ResultCodec(unpickle=True).decode(good).value == {1, 2}
@@ -76,3 +102,39 @@ def test_a_pickle_job_s_client_unpickles_results_and_an_unpicklable_one_is_the_t
     bad = ResultCodec().encode(ResultMessage("t", True, msgpack.ExtType(codec.PICKLED, b"garbage")))
     result = ResultCodec(unpickle=True).decode(bad)
     assert not result.ok and result.error is not None and result.error.type == "ResultNotUnpickled"
+
+
+@pytest.mark.parametrize(
+    "items",
+    [
+        [1, "t-1", b"x" * codec.LARGE],
+        [1, "t-1", b"x" * (codec.LARGE + 5), {"attempts": 2}],
+        ["h", codec.pickled(b"y" * codec.LARGE), b"z" * codec.LARGE, 0.5],
+        [*range(20), b"x" * codec.LARGE],  # an array of 16 items or more
+        [1, "t-1", b"x" * (codec.LARGE - 1)],  # not large: packed as one part
+    ],
+)
+def test_a_large_item_is_packed_by_reference_into_exactly_packb_s_bytes(items: list[object]) -> None:
+    parts = codec.pack_parts(items)
+    assert b"".join(parts) == codec.packb(items)
+    large = [item for item in items if codec.is_large(item)]
+    for item in large:  # the payload itself, not a copy
+        data = item.data if isinstance(item, msgpack.ExtType) else item
+        assert any(part is data for part in parts)
+    if not large:
+        assert len(parts) == 1
+
+
+def test_a_large_payload_or_result_encodes_to_the_same_bytes_and_decodes_back() -> None:
+    payload = b"p" * (codec.LARGE * 3)
+    task = TaskMessage("t-7", payload, attempts=2)
+    data = TaskCodec().encode(task)
+    assert data == codec.packb([1, "t-7", payload, {"attempts": 2}])
+    assert TaskCodec().decode(data) == task
+    result = ResultMessage("t-7", True, payload, daemon_id="d0", seconds=0.25, attempts=2)
+    assert ResultCodec().decode(ResultCodec().encode(result)) == result
+
+
+def test_a_large_value_that_cannot_be_sent_is_still_a_codec_error() -> None:
+    with pytest.raises(CodecError, match="not msgpack-serializable"):
+        TaskCodec().encode(TaskMessage("t", b"x" * codec.LARGE, priority=2**70))  # over msgpack's ints

@@ -107,3 +107,10 @@ def test_the_daemons_run_under_an_init_that_reaps_orphans(compose: dict[str, Any
     daemons = [svc for svc in compose["services"].values() if (svc.get("command") or [None])[0] == "daemon"]
     assert len(daemons) == 2
     assert all(svc.get("init") is True for svc in daemons)
+
+
+def test_the_brokers_share_the_hosts_cores_without_spinning_schedulers(compose: dict[str, Any]) -> None:
+    # They run beside the daemons: a busy-waiting Erlang scheduler takes a core a slot needs
+    for name in ("rmq1", "rmq2"):
+        args = str(compose["services"][name]["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"])
+        assert all(f"{flag} none" in args for flag in ("+sbwt", "+sbwtdcpu", "+sbwtdio")), args

@@ -25,7 +25,7 @@ from truba.client import (
 )
 from truba.client.encoded import EncodedTask
 from truba.client.journal import Journal
-from truba.pipes.errors import CodecError, MessageTooLarge, PipeClosed
+from truba.pipes.errors import ChannelLost, CodecError, MessageTooLarge, PipeClosed
 from truba.pipes.fake_broker import FakeBroker
 from truba.proto.v1 import jobs_pb2
 from truba.wire import TaskCodec, TaskMessage
@@ -43,10 +43,15 @@ async def client(scheduler: FakeScheduler) -> AsyncIterator[Client]:
 
 
 async def serve(daemons: list[FakeDaemon]) -> None:
-    """The daemons answer every task as it comes, until cancelled."""
+    """The daemons answer every task as it comes, until cancelled, or until the job's queues
+    are gone (the job ended and the scheduler deleted them: on a fast run that can come before
+    the test cancels this loop)."""
     while True:
         for daemon in daemons:
-            await daemon.run()
+            try:
+                await daemon.run()
+            except ChannelLost:
+                return
         await asyncio.sleep(0.005)
 
 

@@ -10,7 +10,7 @@ def test_frames_start_small_grow_for_short_tasks_and_shrink_at_once_for_a_long_o
     limits = FrameLimits()
     sizer = FrameSizer(limits, most=64)
     assert limits.max_messages == FIRST_FRAME and sizer.task_seconds is None
-    sizer.observe(0.0001)  # 100 µs tasks: a full frame is 6.4 ms of work, capped at 64
+    sizer.observe(0.0001)  # 100 µs tasks: a full frame is 6.4 ms of work, capped at 64 (most=64)
     assert limits.max_messages == min(64, int(FRAME_WORK / 0.0001))
     sizer.observe(1.0)  # one long task: one task per frame from now on
     assert limits.max_messages == 1

@@ -172,6 +172,21 @@ async def test_a_broker_wait_ends_with_unavailable_when_an_outage_begun_under_it
     assert not reach._guards  # nothing left armed
 
 
+async def test_a_plain_with_bounds_a_wait_as_async_with_does() -> None:
+    # The submit's hot path enters its bound with a plain ``with``: no coroutine to enter or leave.
+    reach = Reach(0.05)
+    reach.broker_up("amqp://b0")
+    with pytest.raises(Unavailable, match="submit"):
+        with reach.bounded("submit"):
+            reach.broker_down("amqp://b0", ConnectionError("stopped"))
+            await asyncio.sleep(30)
+    assert not reach._guards
+    reach.broker_up("amqp://b0")
+    with reach.bounded("submit"):
+        await asyncio.sleep(0)
+    assert not reach._guards
+
+
 async def test_a_broker_wait_goes_on_when_the_outage_ends_in_time() -> None:
     reach = Reach(0.05)
     reach.broker_down("amqp://b0", ConnectionError("stopped"))

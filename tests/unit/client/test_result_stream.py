@@ -7,12 +7,15 @@ import asyncio
 import time
 from collections.abc import Iterable
 
+import pytest
+
 from truba.client.journal import MemoryJournal
 from truba.client.lifecycle import JobStatus
 from truba.client.outcome_codec import OutcomeCodec
 from truba.client.reach import Reach
 from truba.client.result_stream import ACK_BATCH, ResultStream
 from truba.latency import BOUNDS, LatencyCounts
+from truba.pipes.base import Delivery
 from truba.pipes.frame import FrameListener, pack
 from truba.pipes.serialize import DeserializeListener
 from truba.pipes.testing import FakeListener
@@ -96,6 +99,34 @@ async def test_the_members_of_a_frame_are_acked_in_batches_after_their_forget_ma
     # forget marks were written before any of its results was acked (the frame is acked last).
     assert journal.flushes == [(ACK_BATCH, 0), (100, 0)]
     assert len(fake.acked) == 1
+
+
+async def test_a_frame_of_results_is_read_from_the_pipe_in_one_get(monkeypatch: pytest.MonkeyPatch) -> None:
+    ids = [f"t{n}" for n in range(10)]
+    fake, _, stream, _ = await rig(ids)
+    gets = 0
+    unframe_get = FrameListener.get
+
+    async def counted(self: FrameListener, timeout: float) -> Delivery[bytes] | None:
+        nonlocal gets
+        gets += 1
+        return await unframe_get(self, timeout)
+
+    monkeypatch.setattr(FrameListener, "get", counted)
+    fake.push(pack([result(task_id) for task_id in ids[:6]]))
+    fake.push(pack([result(task_id) for task_id in ids[6:]]))
+    assert [outcome.task_id async for outcome in stream.outcomes()] == ids
+    assert gets == 2  # one get through the pipe's layers per frame, not one per result
+    assert len(fake.acked) == 2
+
+
+async def test_a_poison_member_of_a_result_frame_does_not_hold_back_the_others() -> None:
+    fake, _, stream, ended = await rig(["a", "b", "c"])
+    frame = pack([result("a"), b"\xc1garbage", result("b"), result("c")])
+    fake.push(frame)
+    assert [outcome.task_id async for outcome in stream.outcomes()] == ["a", "b", "c"]
+    assert ended == ["finished"]
+    assert fake.rejected == [(frame, False)]  # the poison member's frame goes to the dead-letter path
 
 
 async def test_lone_results_are_acked_before_the_next_wait() -> None:

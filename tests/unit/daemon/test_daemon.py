@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -11,8 +12,10 @@ import pytest
 
 from tests.unit.daemon.copies import uncopied
 from tests.waiting import eventually
+from truba.daemon import daemon as daemon_module
 from truba.daemon.daemon import Daemon, DaemonConfig
 from truba.daemon.job_pipes import JobPipes, Wanted
+from truba.pipes.frame import pack, unpack
 from truba.pipes.prefetch import Window
 from truba.pipes.testing import FakeBroker, FakeListener, FakeSender
 from truba.proto.v1 import common_pb2, daemons_pb2
@@ -162,6 +165,29 @@ async def test_heartbeats_carry_cumulative_stats_and_drain_finishes_running_task
     await eventually(lambda: d.heartbeat().running == [])
 
 
+async def test_a_new_jobs_window_takes_its_extra_once_its_first_task_told_it_is_short(
+    daemon: Callable[[int], FakePipesDaemon],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # A fresh job's window is its slots (its task length unknown); the first task's end tells
+    # the daemon at once, not at a reconciliation that nothing else calls for (here: never).
+    monkeypatch.setattr(daemon_module, "RECONCILE_EVERY", 60.0)
+    d = daemon(2)
+    assign(d, 1, job_slots("j", "tests.handlers.basic:square", 2))
+    await eventually(lambda: "j" in d.jobs)
+    runner = d._runners["j"]
+    assert runner.window.size == 2
+    d.jobs["j"].tasks.push(TaskMessage("t0", 3))
+    await eventually(lambda: len(d.jobs["j"].tasks.acked) == 1)
+    await eventually(lambda: runner.window.size == 2 + d.config.prefetch_extra, timeout=2.0)
+    # The job leaves: its runner closes as before, its counters logged (the hook is no counter).
+    with caplog.at_level(logging.INFO, logger="truba.daemon.runner"):
+        assign(d, 2)
+        await eventually(lambda: d.jobs["j"].tasks.closed)
+        await eventually(lambda: any(r.msg == "daemon.job.closed" for r in caplog.records))
+
+
 async def test_a_drain_with_nothing_running_is_immediate_and_a_second_stop_interrupts(
     daemon: Callable[[int], FakePipesDaemon],
 ) -> None:
@@ -231,7 +257,15 @@ async def test_a_daemon_over_a_fake_broker_runs_a_task_end_to_end_through_its_re
         assert (result.task_id, result.ok, result.value) == ("t1", True, 49)
         await eventually(lambda: broker.messages(queues.tasks) == [])  # acked once the result was confirmed
         assert opened == ["fake://b0"]
-        assert broker.messages(queues.result_log) == broker.messages(queues.results)  # copied in one confirm
+        # A task delivered alone: its result skips the result log (read for redelivered frames only)
+        assert broker.messages(queues.result_log) == []
+        # The members of a frame: their results are copied into the log, in the same confirm
+        framed = [TaskCodec().encode(TaskMessage(f"m{i}", i)) for i in range(3)]
+        await (await publisher.send(pack(framed)))
+        await eventually(lambda: len(_results(broker.messages(queues.results))) == 4, timeout=20)
+        logged = broker.messages(queues.result_log)
+        assert sorted(r.task_id for r in _results(logged)) == ["m0", "m1", "m2"]
+        assert all(body in broker.messages(queues.results) for body in logged)
     finally:
         made.stop_now()
         await asyncio.wait_for(running, 20)
@@ -253,3 +287,9 @@ async def test_heartbeats_list_the_attempts_in_progress_until_they_end(
     assert 0 < time.time() - attempt.start < 10 and dict(beat.attempts_left_out) == {}
     assign(d, 2)  # the job leaves at once: its attempt is interrupted
     await eventually(lambda: not d.heartbeat().attempts)
+
+
+def _results(bodies: list[bytes]) -> list[ResultMessage]:
+    """The results in ``bodies``, each a result or a frame of them."""
+    codec = ResultCodec()
+    return [codec.decode(member) for body in bodies for member in (unpack(body) or [body])]

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from truba.daemon.replies import ReplyReader, reply_reader
-from truba.daemon.slot_main import HEADER
+from truba.daemon.slot_main import HEADER, LARGE_FRAME
 
 
 def framed(*bodies: bytes) -> bytes:
@@ -49,3 +49,32 @@ async def test_it_reads_a_real_pipe_and_sees_the_writer_close() -> None:
     os.close(write_end)  # the slot exited
     with pytest.raises(asyncio.IncompleteReadError):
         await asyncio.wait_for(reader.read(), 5)
+
+
+async def test_a_large_frame_is_whole_however_its_chunks_come_and_what_follows_is_split() -> None:
+    reader = ReplyReader()
+    large = bytes(range(256)) * (LARGE_FRAME // 256 + 7)
+    data = framed(b"before", large, b"after", b"last")
+    waiting = asyncio.create_task(reader.read())
+    await asyncio.sleep(0)
+    at = len(framed(b"before")) + 3  # the first frame and part of the large one's header
+    reader.data_received(data[:at])
+    assert await waiting == b"before"
+    waiting = asyncio.create_task(reader.read())
+    for start in range(at, at + len(large), 10_000):  # the large frame, then the next ones
+        stop = min(start + 10_000, at + len(large) + 5)
+        reader.data_received(data[start:stop])
+    await asyncio.sleep(0)
+    assert waiting.done() and waiting.result() == large
+    assert reader.take() is None
+    reader.data_received(data[at + len(large) + 5 :])
+    assert reader.take() == b"after" and reader.take() == b"last" and reader.take() is None
+
+
+async def test_eof_in_the_middle_of_a_large_frame_ends_the_reader() -> None:
+    reader = ReplyReader()
+    reader.data_received(framed(b"y" * LARGE_FRAME)[:-1])
+    reader.eof_received()
+    with pytest.raises(asyncio.IncompleteReadError) as ended:
+        await reader.read()
+    assert ended.value.partial == b"y" * (LARGE_FRAME - 1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 
 import pytest
@@ -116,15 +117,22 @@ def _count_sends(slot: SlotProcess) -> list[int]:
     return sizes
 
 
-async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_outcome(
-    framed: list[Framed],
-) -> None:
+async def _warmed_on_one_slot(framed: list[Framed]) -> tuple[Framed, list[int]]:
+    """A runner of one slot (``behave``) that ran one short task alone, so it knows they are
+    short; and the sizes of the hand-overs to its slot from now on."""
     rig = Framed(slots=1, handler="tests.handlers.basic:behave")
     framed.append(rig)
     sizes = _count_sends(rig.slots[0])
-    rig.push_frame(TaskMessage("warm", ["ok", 0]))  # one short task: the runner learns they are
+    rig.push_frame(TaskMessage("warm", ["ok", 0]))
     await eventually(lambda: len(rig.results.sent) == 1, timeout=10)
     assert sizes == []  # the first one ran alone
+    return rig, sizes
+
+
+async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_outcome(
+    framed: list[Framed],
+) -> None:
+    rig, sizes = await _warmed_on_one_slot(framed)
     frame = rig.push_frame(
         *(TaskMessage(f"t{i}", ["raise", "no"] if i == 5 else ["ok", i]) for i in range(CHUNK + 12))
     )
@@ -141,6 +149,22 @@ async def test_short_tasks_go_to_the_slot_several_per_write_each_with_its_own_ou
     # Results of chunks with more members in hand wait for frames; a lone task's goes alone.
     assert not rig.results.held["warm"] and sum(rig.results.held.values()) >= 8
     assert not rig.result_frames.holding  # every hold was released with the last chunk
+
+
+async def test_a_member_that_cannot_be_decoded_ends_a_chunk_and_is_dead_lettered_the_rest_run(
+    framed: list[Framed],
+) -> None:
+    rig, sizes = await _warmed_on_one_slot(framed)
+    good = [CODEC.encode(TaskMessage(f"t{i}", ["ok", i])) for i in range(12)]
+    frame = pack([*good[:6], b"\xc1garbage", *good[6:]])
+    rig.wire.push(frame)
+    await eventually(lambda: len(rig.results.sent) == 13, timeout=10)
+    # Chunks are taken at hand up to the poison member; the next take dead-letters it
+    assert sorted(r.task_id for r in rig.results.sent[1:]) == sorted(f"t{i}" for i in range(12))
+    assert all(r.ok for r in rig.results.sent) and max(sizes) > 1
+    # (no dead-letter sender here: the broker's DLX gets the frame, once every member is settled)
+    await eventually(lambda: rig.wire.rejected == [(frame, False)])
+    assert frame not in rig.wire.acked
 
 
 async def test_a_slot_dying_mid_chunk_spends_the_running_task_and_returns_the_rest_unspent(
@@ -202,3 +226,40 @@ async def test_the_lives_of_a_chunk_s_tasks_are_written_with_their_own_ids(
     assert [r.message for r in gone if r.message in life] == life
     for record in told("ok-32") + told("bad") + gone:
         assert (vars(record)["job_id"], vars(record)["slot"]) == ("j1", 0), record.message
+
+
+class Batching(HoldWatch):
+    """Results, with the size of each batch they came in (``send_many``; one by one: 1 each)."""
+
+    def __init__(self, limits: FrameLimits) -> None:
+        super().__init__(limits)
+        self.sizes: list[int] = []
+        self.sent_at: dict[str, float] = {}
+
+    async def send(self, message: ResultMessage) -> Confirmation:
+        self.sent_at[message.task_id] = time.monotonic()
+        return await super().send(message)
+
+    async def send_many(self, messages: Sequence[ResultMessage]) -> list[Confirmation]:
+        self.sizes.append(len(messages))
+        return [await self.send(message) for message in messages]
+
+
+async def test_a_chunk_s_replies_at_hand_are_published_together_and_none_waits_for_a_slow_one(
+    framed: list[Framed],
+) -> None:
+    rig = Framed(slots=1, handler="tests.handlers.basic:behave")
+    framed.append(rig)
+    results = rig.results = Batching(rig.result_frames)
+    rig.runner.pipes.results = results
+    rig.push_frame(TaskMessage("warm", ["ok", 0]))  # one short task: the runner learns they are
+    await eventually(lambda: len(results.sent) == 1, timeout=10)
+    tasks = [TaskMessage(f"t{i}", ["ok", i]) for i in range(CHUNK - 1)]
+    tasks.append(TaskMessage("slow", ["sleep", 0.5]))
+    frame = rig.push_frame(*tasks)
+    await eventually(lambda: len(results.sent) == CHUNK + 1, timeout=10)
+    assert max(results.sizes) > 1  # replies read together went out in one call
+    assert [r.task_id for r in results.sent] == ["warm", *(t.task_id for t in tasks)]  # each once, in order
+    # The results before the slow task did not wait for its reply.
+    assert results.sent_at["slow"] - results.sent_at[f"t{CHUNK - 2}"] > 0.3
+    await eventually(lambda: frame in rig.wire.acked)

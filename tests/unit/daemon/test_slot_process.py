@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import fcntl
 import uuid
 from collections.abc import AsyncIterator
 
@@ -10,6 +11,7 @@ import pytest
 from truba import codec
 from truba.daemon.forkserver import ForkServer
 from truba.daemon.launch import Launcher, Spawn
+from truba.daemon.pipe_size import SLOT_PIPE_BYTES
 from truba.daemon.slot_process import SlotDied, SlotProcess
 
 
@@ -95,3 +97,43 @@ async def test_a_pickled_value_is_never_unpickled_by_a_plain_job_s_slot(slot: Sl
     crafted = codec.pickled({"would": "run code"})
     reply = await slot.run("tests.handlers.basic:echo", "t", crafted)
     assert reply.ok and reply.value == crafted  # handed over as the opaque extension it is
+
+
+async def test_a_large_payload_and_its_result_cross_whole(slot: SlotProcess) -> None:
+    payload = bytes(range(256)) * 4000  # 1 MB: written in parts, read in chunks, both ways
+    reply = await slot.run("tests.handlers.basic:echo", "big", payload)
+    assert (reply.ok, reply.task_id, reply.value) == (True, "big", payload)
+    pickled = codec.pickled(payload)  # a large extension too
+    reply = await slot.run("tests.handlers.basic:echo", "ext", pickled)
+    assert reply.ok and reply.value == pickled
+    assert (await slot.run("tests.handlers.basic:square", "after", 3)).value == 9
+
+
+async def test_a_slot_s_pipes_hold_a_large_payload_in_one_write(slot: SlotProcess) -> None:
+    await slot.run("tests.handlers.basic:echo", "t", 1)
+    handle = slot._process
+    assert handle is not None
+    pipes = [
+        handle.stdin.transport.get_extra_info("pipe"),
+        handle.stdout._transport.get_extra_info("pipe") if handle.stdout._transport else None,
+    ]
+    assert [fcntl.fcntl(pipe.fileno(), fcntl.F_GETPIPE_SZ) for pipe in pipes if pipe] == [SLOT_PIPE_BYTES] * 2
+
+
+async def test_a_large_payload_is_written_to_the_slot_as_it_is_not_copied(
+    slot: SlotProcess, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await slot.run("tests.handlers.basic:echo", "t", 1)
+    handle = slot._process
+    assert handle is not None
+    written: list[bytes] = []
+    write = handle.stdin.write
+
+    def recording(data: bytes) -> None:
+        written.append(data)
+        write(data)
+
+    monkeypatch.setattr(handle.stdin, "write", recording)
+    payload = b"z" * 1_000_000
+    assert (await slot.run("tests.handlers.basic:echo", "big", payload)).value == payload
+    assert any(part is payload for part in written)

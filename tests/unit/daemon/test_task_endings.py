@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 import pytest
 
@@ -13,9 +14,13 @@ from truba.daemon.runner import JobRunner
 from truba.daemon.stats import JobStats
 from truba.daemon.task_endings import TaskEndings
 from truba.logs import ContextFilter, bind
+from truba.pipes.base import Confirmation, Delivery
+from truba.pipes.batch import ack_each
+from truba.pipes.errors import PipeError
 from truba.pipes.frame_limits import FrameLimits
+from truba.pipes.serialize import SerializeSender
 from truba.pipes.testing import FakeListener, FakeSender
-from truba.wire import GaveUpRecord, ResultMessage, TaskMessage
+from truba.wire import GaveUpRecord, ResultCodec, ResultMessage, TaskMessage
 
 
 def pipes(tasks: FakeListener[TaskMessage]) -> JobPipes:
@@ -81,14 +86,13 @@ async def test_confirm_and_ack_events_name_their_own_task_when_acks_queue_up(
         results.confirm()
         assert await ends.wait(0, 1.0)
     told = [(r.message, r.task_id, r.slot) for r in caplog.records]  # type: ignore[attr-defined]
-    assert told == [
-        ("daemon.task.confirmed", "t1", 0),
-        ("daemon.task.acked", "t1", 0),
-        ("daemon.task.confirmed", "t2", 1),
-        ("daemon.task.acked", "t2", 1),
-        ("daemon.task.confirmed", "t3", 0),
-        ("daemon.task.acked", "t3", 0),
-    ]
+    # Ends confirmed by their turn are acked as a run: each is told confirmed before acked.
+    for task_id, slot in (("t1", 0), ("t2", 1), ("t3", 0)):
+        assert [event for event in told if event[1] == task_id] == [
+            ("daemon.task.confirmed", task_id, slot),
+            ("daemon.task.acked", task_id, slot),
+        ]
+    assert len(told) == 6
 
 
 async def test_a_lone_result_is_on_the_socket_before_the_worker_goes_on() -> None:
@@ -176,3 +180,86 @@ async def test_acks_of_ends_confirmed_meanwhile_still_wait_for_a_hold() -> None:
         assert tasks.acked == [] and ends.in_flight == 2
     assert await ends.wait(0, 1.0)
     assert tasks.acked == [TaskMessage("t1", 1), TaskMessage("t2", 1)]
+
+
+class BatchResults(FakeSender[ResultMessage]):
+    """Results taken in batches (``send_many``), each batch noted."""
+
+    def __init__(self, auto_confirm: bool = False) -> None:
+        super().__init__(auto_confirm)
+        self.batches: list[list[str]] = []
+
+    async def send_many(self, messages: Sequence[ResultMessage]) -> list[Confirmation]:
+        self.batches.append([message.task_id for message in messages])
+        return [await self.send(message) for message in messages]
+
+
+class BatchAcks(FakeListener[TaskMessage]):
+    """Tasks acked in batches (``ack_many``), each batch noted."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[str]] = []
+
+    async def ack_many(self, deliveries: Sequence[Delivery[TaskMessage]]) -> list[PipeError]:
+        self.batches.append([delivery.message.task_id for delivery in deliveries])
+        return await ack_each(deliveries)
+
+
+async def _deliveries(tasks: FakeListener[TaskMessage], *task_ids: str) -> list[Delivery[TaskMessage]]:
+    for task_id in task_ids:
+        tasks.push(TaskMessage(task_id, 1))
+    got = [await tasks.get(0.0) for _ in task_ids]
+    return [delivery for delivery in got if delivery is not None]
+
+
+def _result(task_id: str) -> ResultMessage:
+    return ResultMessage(task_id, True, 1, None, "d1", 0.0, 1)
+
+
+async def test_results_completed_together_go_in_one_batch_and_are_acked_in_one_after_their_confirms() -> None:
+    tasks = BatchAcks()
+    results = BatchResults()
+    stats = JobStats()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", stats)
+    deliveries = await _deliveries(tasks, "t1", "t2", "t3")
+    await ends.complete_many([(d, _result(d.message.task_id)) for d in deliveries])
+    assert results.batches == [["t1", "t2", "t3"]]
+    await asyncio.sleep(0.02)
+    assert tasks.acked == [] and ends.in_flight == 3  # nothing acked before its confirm
+    results.confirm()
+    assert await ends.wait(0, 1.0)
+    assert tasks.batches == [["t1", "t2", "t3"]]
+    assert [t.task_id for t in tasks.acked] == ["t1", "t2", "t3"] and stats.done == 3
+
+
+async def test_a_batch_acks_only_the_confirmed_run_and_a_failed_confirm_is_rejected_on_its_own() -> None:
+    tasks = BatchAcks()
+    results = BatchResults()
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
+    deliveries = await _deliveries(tasks, "t1", "t2", "t3", "t4")
+    await ends.complete_many([(d, _result(d.message.task_id)) for d in deliveries])
+    results.confirm(2)  # t1, t2
+    results.reject(1)  # t3: nacked
+    results.confirm()  # t4 (t3 already failed)
+    assert await ends.wait(0, 1.0)
+    assert [t.task_id for t in tasks.acked] == ["t1", "t2", "t4"]
+    assert tasks.rejected == [(TaskMessage("t3", 1), True)]
+    assert ["t3"] not in tasks.batches and ["t4"] in tasks.batches
+
+
+async def test_a_result_too_large_in_a_batch_is_sent_as_its_error_and_the_others_as_they_are() -> None:
+    tasks = BatchAcks()
+    leaf: FakeSender[bytes] = FakeSender(auto_confirm=True)  # cannot batch: one by one below serialize
+    results = SerializeSender(leaf, ResultCodec(), max_size=200)
+    ends = TaskEndings(JobPipes(tasks, results, FakeSender(True), FakeSender(True)), "d1", JobStats())
+    deliveries = await _deliveries(tasks, "t1", "t2", "t3")
+    big = ResultMessage("t2", True, b"x" * 500, None, "d1", 0.0, 1)
+    await ends.complete_many(
+        [(deliveries[0], _result("t1")), (deliveries[1], big), (deliveries[2], _result("t3"))]
+    )
+    assert await ends.wait(0, 1.0)
+    sent = [ResultCodec().decode(data) for data in leaf.sent]
+    assert [(r.task_id, r.ok) for r in sent] == [("t1", True), ("t2", False), ("t3", True)]
+    assert sent[1].error is not None and "could not be sent" in sent[1].error.message
+    assert [t.task_id for t in tasks.acked] == ["t1", "t2", "t3"]

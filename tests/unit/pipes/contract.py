@@ -32,6 +32,7 @@ from typing import Any, Generic, Protocol, TypeVar
 import pytest
 
 from truba.pipes.base import Confirmation, Delivery, Listener, Sender
+from truba.pipes.batch import ack_many, send_many
 from truba.pipes.errors import MessageRejected, PipeBroken, PipeClosed, PipeError
 from truba.pipes.testing import FakeListener, FakeSender
 
@@ -345,6 +346,32 @@ async def check_sender_unconfirmed_is_exact(make: SenderFactory[T]) -> None:
         assert list(sender.unconfirmed()) == [], f"unconfirmed() still lists {list(sender.unconfirmed())}"
 
 
+async def check_sender_send_many_takes_a_prefix_in_order(make: SenderFactory[T]) -> None:
+    """``send_many`` (:mod:`truba.pipes.batch`) takes a batch a prefix at a time, one confirmation
+    per message taken: sent again until all are taken, they are listed by unconfirmed() in order
+    while the broker withholds its confirms, as if sent one by one, and all confirmed after."""
+    async with make() as h:
+        sender, bottom = h.sender, h.bottom
+        await _warm_up(h, 0)
+        await bottom.hold()
+        messages = [bottom.message(i) for i in range(1, 6)]
+        confirmations: list[Confirmation] = []
+        while len(confirmations) < len(messages):
+            taken = await send_many(sender, messages[len(confirmations) :])
+            assert taken, "send_many took nothing and raised nothing"
+            confirmations += taken
+        await _settle(h.timing)
+        unconfirmed = list(sender.unconfirmed())
+        assert unconfirmed == messages, f"unconfirmed() is {unconfirmed}, not the batch {messages}"
+        await bottom.release()
+        await _confirmed(confirmations, h.timing, "a batch after the broker released its confirms")
+        await _settle(h.timing)
+        assert list(sender.unconfirmed()) == [], f"unconfirmed() still lists {list(sender.unconfirmed())}"
+        await sender.close()
+        with pytest.raises(PipeClosed):
+            await send_many(sender, messages[:2])
+
+
 async def check_sender_drop_unconfirmed_empties_unconfirmed(make: SenderFactory[T]) -> None:
     """drop_unconfirmed() empties unconfirmed(); late confirms don't bring messages back."""
     async with make() as h:
@@ -456,6 +483,7 @@ SENDER_CHECKS: Mapping[str, SenderCheck] = {
     "send_after_close_raises_pipe_closed": check_sender_send_after_close_raises_pipe_closed,
     "cancelled_close_still_closes": check_sender_cancelled_close_still_closes,
     "unconfirmed_is_exact": check_sender_unconfirmed_is_exact,
+    "send_many_takes_a_prefix_in_order": check_sender_send_many_takes_a_prefix_in_order,
     "drop_unconfirmed_empties_unconfirmed": check_sender_drop_unconfirmed_empties_unconfirmed,
     "rejected_fails_confirmation_and_stays_unconfirmed": (
         check_sender_rejected_message_fails_confirmation_and_stays_unconfirmed
@@ -551,6 +579,18 @@ async def check_listener_ack_settles(make: ListenerFactory[T]) -> None:
     async with make() as h:
         delivery = await _take(h, 0)
         await delivery.ack()
+        assert await h.listener.get(h.timing.short + h.timing.settle) is None, "an acked message came back"
+        await _close_bounded(h.listener, h.timing)
+        assert await h.bottom.backlog() == 0, "the broker still holds an acked message"
+
+
+async def check_listener_ack_many_settles(make: ListenerFactory[T]) -> None:
+    """Deliveries acked together (``ack_many``, :mod:`truba.pipes.batch`) are gone, each: none
+    comes back, the broker holds none after close, and no ack failed."""
+    async with make() as h:
+        deliveries = [await _take(h, i) for i in range(3)]
+        errors = await ack_many(h.listener, deliveries)
+        assert errors == [], f"acks failed: {errors}"
         assert await h.listener.get(h.timing.short + h.timing.settle) is None, "an acked message came back"
         await _close_bounded(h.listener, h.timing)
         assert await h.bottom.backlog() == 0, "the broker still holds an acked message"
@@ -700,6 +740,7 @@ LISTENER_CHECKS: Mapping[str, ListenerCheck] = {
     "get_after_close_raises_pipe_closed": check_listener_get_after_close_raises_pipe_closed,
     "cancelled_close_still_closes": check_listener_cancelled_close_still_closes,
     "ack_settles": check_listener_ack_settles,
+    "ack_many_settles": check_listener_ack_many_settles,
     "cancel_stops_deliveries_and_keeps_held_ones_settleable": (
         check_listener_cancel_stops_deliveries_and_keeps_held_ones_settleable
     ),

@@ -12,12 +12,35 @@ from truba.pipes.testing import FakeSender
 
 async def test_balance_spreads_messages_over_senders() -> None:
     senders = [FakeSender[int](auto_confirm=True) for _ in range(3)]
-    balanced = BalanceSender(senders, max_load=10, rng=random.Random(1))
+    # A still clock: every sender is equally fast, so the spread is the random draw's alone (on
+    # the real clock a preempted confirm makes one sender look slow; see the test below).
+    balanced = BalanceSender(senders, max_load=10, rng=random.Random(1), monotonic=lambda: 0.0)
     for i in range(300):
         await balanced.send(i)
     counts = [len(s.sent) for s in senders]
     assert sum(counts) == 300
     assert min(counts) > 60, counts
+
+
+async def test_a_sender_that_looked_slow_once_gets_messages_again_as_its_estimate_fades() -> None:
+    clock = [0.0]
+    a, b = FakeSender[int](), FakeSender[int](auto_confirm=True)
+    balanced = BalanceSender([a, b], max_load=100, rng=random.Random(3), monotonic=lambda: clock[0])
+    while not a.sent:  # until one message went to a
+        await balanced.send(0)
+    clock[0] = 0.5  # a's one confirm comes half a second later: a looks 500 times slower than b
+    a.auto_confirm = True
+    a.confirm()
+    await asyncio.sleep(0)  # confirmation callbacks run on the next loop iteration
+    sent_to_a = len(a.sent)
+    for i in range(200):
+        await balanced.send(i)
+    await asyncio.sleep(0)  # b's confirms settle: nothing of b's is left waiting
+    assert len(a.sent) == sent_to_a  # right after: b is cheaper every time
+    clock[0] = 10.5  # ten seconds without a confirm from a: its estimate has faded
+    for i in range(200):
+        await balanced.send(i)
+    assert len(a.sent) - sent_to_a > 50, (len(a.sent), len(b.sent))
 
 
 async def test_a_slow_sender_fills_to_its_cap_and_the_others_take_the_rest() -> None:

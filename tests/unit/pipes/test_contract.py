@@ -219,6 +219,7 @@ SENDER_XFAIL: dict[tuple[str, str], str] = {}
 SENDER_NOT_APPLICABLE: dict[tuple[str, str], str] = {
     ("route-2", "drop_unconfirmed_empties_unconfirmed"): ROUTE_ORDER,
     ("route-2", "broken_stays_broken"): ROUTE_ORDER,
+    ("route-2", "send_many_takes_a_prefix_in_order"): ROUTE_ORDER,
 }
 
 

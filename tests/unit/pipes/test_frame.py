@@ -165,6 +165,36 @@ async def test_members_are_handed_out_one_by_one_and_the_frame_is_acked_once_all
         await got[2].ack()
 
 
+async def test_take_held_hands_out_the_rest_of_a_frame_at_once_and_they_settle_it() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    frame = pack([b"a", b"b", b"c"])
+    inner.push(frame)
+    first = await listener.get(1.0)
+    assert first is not None and first.message == b"a" and listener.held == 2
+    rest = listener.take_held()
+    assert [d.message for d in rest] == [b"b", b"c"]
+    assert listener.held == 0 and listener.take_held() == []
+    for delivery in (rest[1], first):  # in any order: the frame waits for its last member
+        await delivery.ack()
+    assert inner.acked == []
+    await rest[0].ack()
+    assert inner.acked == [frame]
+
+
+async def test_members_given_back_are_handed_out_first_in_their_order() -> None:
+    inner: FakeListener[bytes] = FakeListener()
+    listener = FrameListener(inner)
+    inner.push(pack([b"a", b"b", b"c"]))
+    inner.push(b"lone")
+    first = await listener.get(1.0)
+    assert first is not None and first.message == b"a"
+    rest = listener.take_held()
+    listener.give_back(rest)
+    got = [await listener.get(1.0) for _ in range(3)]
+    assert [d.message for d in got if d is not None] == [b"b", b"c", b"lone"]
+
+
 async def test_a_member_put_back_is_sent_alone_and_the_done_ones_do_not_run_again() -> None:
     inner: FakeListener[bytes] = FakeListener()
     requeue: FakeSender[bytes] = FakeSender(auto_confirm=True)

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 import pytest
 
@@ -58,6 +59,58 @@ async def test_the_first_connect_error_goes_to_the_caller() -> None:
     assert sender.state is State.IDLE
     await sender.send("m")  # the next call connects
     assert (sender.state, connector.senders[0].sent) == (State.CONNECTED, ["m"])
+
+
+def _gated(gate: asyncio.Event, connector: Connector) -> Callable[[], Awaitable[FakeSender[str]]]:
+    """A connect that waits for ``gate`` before it hands out the connector's next sender."""
+
+    async def connect() -> FakeSender[str]:
+        await gate.wait()
+        return await connector.sender()
+
+    return connect
+
+
+async def test_connect_ahead_opens_before_the_first_send_which_waits_for_it() -> None:
+    gate, connector = asyncio.Event(), Connector()
+    sender = ReopenSender(_gated(gate, connector), backoff=FAST)
+    sender.connect_ahead()
+    sender.connect_ahead()  # once
+    await asyncio.sleep(0)
+    assert sender.state is State.CONNECTING
+    sending = asyncio.create_task(sender.send("m"))
+    await asyncio.sleep(0.01)
+    assert not sending.done()  # waits for the connect under way, does not open another
+    gate.set()
+    await sending
+    assert len(connector.senders) == 1 and connector.senders[0].sent == ["m"]
+    await sender.close()
+
+
+async def test_a_failed_connect_ahead_leaves_the_first_send_to_connect_and_raise() -> None:
+    connector = Connector(failures=2)
+    sender = ReopenSender(connector.sender, backoff=FAST)
+    sender.connect_ahead()
+    await _until(lambda: connector.failures == 1)
+    await asyncio.sleep(0)
+    assert sender.state is State.IDLE
+    with pytest.raises(ConnectionLost):  # the caller hears why
+        await sender.send("m")
+    await sender.send("m")
+    assert connector.senders[0].sent == ["m"]
+    await sender.close()
+
+
+async def test_a_sender_closed_while_connecting_ahead_closes_the_leaf_it_gets() -> None:
+    gate, connector = asyncio.Event(), Connector()
+    sender = ReopenSender(_gated(gate, connector), backoff=FAST)
+    sender.connect_ahead()
+    await asyncio.sleep(0)
+    closing = asyncio.create_task(sender.close())
+    await asyncio.sleep(0.01)
+    gate.set()
+    await closing  # waited for the connect, which closed what it opened
+    assert connector.senders[0].closed and sender.state is State.CLOSED
 
 
 async def test_a_break_reopens_and_resends_unconfirmed_with_the_same_confirmations() -> None:

@@ -26,6 +26,9 @@ class FakeBroker:
     deletes: int = 0
     refuses: set[str] = field(default_factory=set)
     """Queue kinds it refuses to declare (as a broker without streams refuses streams)."""
+    declaring: int = 0
+    most_declaring: int = 0
+    """The most declares it had under way at once (each takes a loop turn, as a channel would)."""
     messages: dict[str, list[QueuedMessage]] = field(default_factory=dict)
     """Messages in its queues (only browsed here), oldest first."""
 
@@ -50,9 +53,16 @@ class FakeConnection:
 
     async def declare(self, spec: QueueSpec) -> None:
         await self._check()
-        if spec.kind in self.broker.refuses:
+        broker = self.broker
+        broker.declaring += 1
+        broker.most_declaring = max(broker.most_declaring, broker.declaring)
+        try:
+            await asyncio.sleep(0)
+        finally:
+            broker.declaring -= 1
+        if spec.kind in broker.refuses:
             raise ChannelLost(f"declare {spec.name}: channel closed by the broker: COMMAND_INVALID")
-        self.broker.queues[spec.name] = spec
+        broker.queues[spec.name] = spec
 
     async def delete(self, queue: str) -> None:
         await self._check()

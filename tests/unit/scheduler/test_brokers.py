@@ -29,6 +29,12 @@ async def test_declare_creates_the_three_queues_and_the_record_on_every_broker(c
     assert [b.name for b in cluster.brokers.infos] == ["b0", "b1"]
 
 
+async def test_a_steps_queues_are_declared_at_once_not_one_after_another(cluster: FakeCluster) -> None:
+    await cluster.brokers.declare(QUEUES)
+    # dead + tasks, then results + record: CreateJob waits for the slowest of each pair.
+    assert [fake.most_declaring for fake in cluster.fakes] == [2, 2]
+
+
 async def test_a_broker_that_refuses_streams_gets_the_job_without_a_record(
     cluster: FakeCluster, caplog: pytest.LogCaptureFixture
 ) -> None:

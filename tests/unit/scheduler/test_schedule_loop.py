@@ -152,6 +152,46 @@ async def test_a_restarted_loop_honours_the_lease_left_in_the_store(schedules: S
     await second.close()
 
 
+async def test_a_loop_started_after_a_lease_ran_out_gives_the_reader_time_to_record_the_outcome(
+    schedules: ScheduleStore,
+) -> None:
+    clock = ManualClock(T0)
+    first, _ = await start(schedules, clock, every_second())
+    assert await first.tick() == ["run-1"]
+    await first.close()  # the scheduler dies with run-1 under way, and is down past its lease
+    clock.advance(0.5 + LEASE_GRACE + 3.0)
+    second = FiringLoop(schedules, FakePipes(), clock=clock)
+    for schedule in schedules.list():
+        second.track(schedule, read=False)
+    assert await second.tick() == []  # held for LEASE_GRACE from now: run-1's outcome may be queued
+    assert second.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.OK))  # and it was
+    assert await second.tick() == ["run-2"]  # once, for the due times missed meanwhile
+    assert [(r.task_id, r.outcome) for r in schedules.runs("s1")] == [
+        ("run-2", RunOutcome.RUNNING),
+        ("run-1", RunOutcome.OK),
+    ]
+    await second.close()
+
+
+async def test_a_run_whose_outcome_never_comes_after_a_restart_is_lost_after_the_held_grace(
+    schedules: ScheduleStore,
+) -> None:
+    clock = ManualClock(T0)
+    first, _ = await start(schedules, clock, every_second())
+    assert await first.tick() == ["run-1"]
+    await first.close()
+    clock.advance(10.0)
+    second = FiringLoop(schedules, FakePipes(), clock=clock)
+    for schedule in schedules.list():
+        second.track(schedule, read=False)
+    clock.advance(LEASE_GRACE - 0.01)
+    assert await second.tick() == []
+    clock.advance(0.02)
+    assert len(await second.tick()) == 1
+    assert [r.outcome for r in schedules.runs("s1")] == [RunOutcome.RUNNING, RunOutcome.LOST]
+    await second.close()
+
+
 async def test_two_loops_on_one_store_fire_each_due_time_once(schedules: ScheduleStore) -> None:
     clock = ManualClock(T0)
     one, _ = await start(schedules, clock, every_second())
