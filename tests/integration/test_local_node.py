@@ -60,6 +60,25 @@ def get_one(url: str, queue: str) -> bytes | None:
         return cast(bytes, body) if method is not None else None  # types-pika says str; it is bytes
 
 
+def recovery_lines(node: LocalRabbitNode) -> str:
+    """The broker log's lines on vhosts, seeding, queue recovery, warnings and errors (a CI report
+    truncates long output, and a plain tail shows only boot steps)."""
+    log_file = node.base_dir / "log" / f"{node.nodename}.log"
+    words = (
+        "vhost",
+        "Recovering",
+        "seed",
+        "durable-q",
+        "[error]",
+        "[warning]",
+        "startup complete",
+        "SIGTERM",
+    )
+    lines = log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
+    picked = [line[:200] for line in lines if any(word in line for word in words)]
+    return "\n".join(picked[-40:]) or "(no log)"
+
+
 def test_two_nodes_are_independent_brokers(
     rabbit_nodes: list[BrokerNode], request: pytest.FixtureRequest
 ) -> None:
@@ -116,7 +135,8 @@ def test_kill9_and_restart_keep_a_confirmed_persistent_message(fresh_nodes: Fres
     deadline = time.monotonic() + 60
     while (queues := node.list_queues()) != {"durable-q": 1} and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert queues == {"durable-q": 1}, f"queues 60 s after the restart: {queues}"
+    recovery = recovery_lines(node) if isinstance(node, LocalRabbitNode) else ""
+    assert queues == {"durable-q": 1}, f"queues 60 s after the restart: {queues}\n{recovery}"
     assert get_one(url, "durable-q") == b"survivor"
 
 

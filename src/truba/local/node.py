@@ -36,6 +36,11 @@ _POLL_S: Final = 0.1
 _PORT_ATTEMPTS: Final = 3
 _EPMD_RELEASE_S: Final = 5.0
 _KILL_WAIT_S: Final = 10.0
+_BOOTED: Final = b"completed with"
+"""What RabbitMQ prints to stdout once its boot has finished ("Starting broker... completed with 0
+plugins."). Its AMQP listener opens before the boot's last steps; a node killed in between once
+came back without the durable queue declared on it just before (CI, twice), so a node counts as
+started only once it has printed this."""
 
 
 class NodeError(RuntimeError):
@@ -149,7 +154,7 @@ class LocalRabbitNode:
     # -- lifecycle ------------------------------------------------------------------------------------
 
     def start(self, timeout: float = 60.0) -> None:
-        """Starts the node and returns once it answers AMQP on :attr:`port`.
+        """Starts the node and returns once it answers AMQP on :attr:`port` and has finished booting.
 
         Raises:
             NodeError: already running.
@@ -182,6 +187,7 @@ class LocalRabbitNode:
         env["RABBITMQ_ALLOW_INPUT"] = "true"  # exec straight into beam.smp; see the module docstring
         began = time.monotonic()
         self._stdout = open(self._layout.stdout_file, "ab")  # closed in _reap()
+        printed_before = self._stdout.seek(0, 2)  # this boot's output starts here
         self._proc = subprocess.Popen(
             [str(sbin_dir() / "rabbitmq-server")],
             env=env,
@@ -205,6 +211,7 @@ class LocalRabbitNode:
                 self._kill_and_reap()
                 raise NodeStartError(f"node {self._nodename} did not start in time\n" + self.log_tail())
             time.sleep(_POLL_S)
+        self._await_boot_end(printed_before, deadline)
         comm = Path(f"/proc/{self._proc.pid}/comm").read_text().strip()
         if comm != "beam.smp":
             self._kill_and_reap()
@@ -218,6 +225,26 @@ class LocalRabbitNode:
                 "seconds": round(time.monotonic() - began, 2),
             },
         )
+
+    def _await_boot_end(self, printed_before: int, deadline: float) -> None:
+        assert self._proc is not None
+        with open(self._layout.stdout_file, "rb") as printed:
+            while True:
+                printed.seek(printed_before)
+                if _BOOTED in printed.read():
+                    return
+                code = self._proc.poll()
+                if code is not None:
+                    self._reap()
+                    raise NodeStartError(
+                        f"node {self._nodename} exited with {code} while booting\n{self.log_tail()}"
+                    )
+                if time.monotonic() > deadline:
+                    self._kill_and_reap()
+                    raise NodeStartError(
+                        f"node {self._nodename} did not finish booting in time\n" + self.log_tail()
+                    )
+                time.sleep(_POLL_S / 4)
 
     def _wait_name_released(self, deadline: float) -> None:
         # epmd drops a killed node's name when it notices the closed socket; a restart racing that
