@@ -35,35 +35,33 @@ class LogSender(Generic[T]):
     async def send(self, message: T) -> Confirmation:
         try:
             confirmation = await self.inner.send(message)
-        except PipeClosed:
-            raise
         except PipeError as exc:
             self._failed(exc)
             raise
-        if self.logger.isEnabledFor(logging.DEBUG):
-            self.logger.debug(f"pipe.{self.role}.sent")
-        if self.confirms:
-            confirmation.add_done_callback(self._confirmed)
+        self._sent(confirmation)
         return confirmation
 
     async def send_many(self, messages: Sequence[T]) -> list[Confirmation]:
         """A batch in one call (see :mod:`truba.pipes.batch`), logged as :meth:`send` logs each."""
         try:
             confirmations = await send_many(self.inner, messages)
-        except PipeClosed:
-            raise
         except PipeError as exc:
             self._failed(exc)
             raise
-        if self.logger.isEnabledFor(logging.DEBUG):
-            for _ in confirmations:
-                self.logger.debug(f"pipe.{self.role}.sent")
-        if self.confirms:
-            for confirmation in confirmations:
-                confirmation.add_done_callback(self._confirmed)
+        for confirmation in confirmations:
+            self._sent(confirmation)
         return confirmations
 
+    def _sent(self, confirmation: Confirmation) -> None:
+        if self.logger.isEnabledFor(logging.DEBUG):
+            self.logger.debug(f"pipe.{self.role}.sent")
+        if self.confirms:
+            confirmation.add_done_callback(self._confirmed)
+
     def _failed(self, exc: PipeError) -> None:
+        """Logs a failed send; a closed pipe is the owner's doing, not a failure."""
+        if isinstance(exc, PipeClosed):
+            return
         self.logger.warning(f"pipe.{self.role}.failed", extra={"error": f"{type(exc).__name__}: {exc}"})
         self.logger.debug(f"pipe.{self.role}.failed", exc_info=exc)
 

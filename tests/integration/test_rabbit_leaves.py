@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from truba.pipes.base import Delivery
+from truba.pipes.base import Delivery, Sender
 from truba.pipes.broker import QueueSpec
 from truba.pipes.errors import ChannelLost, MessageRejected, PipeClosed, SendTimeout
 from truba.pipes.rabbit import RabbitConnection
@@ -26,6 +26,18 @@ async def connection(
 
 def _queue(request: pytest.FixtureRequest) -> str:
     return f"truba.test.{request.node.name}"
+
+
+async def _filled(
+    connection: RabbitConnection, request: pytest.FixtureRequest, count: int
+) -> tuple[str, Sender[bytes], list[bytes]]:
+    """A new quorum queue holding ``count`` confirmed messages, its sender, and the messages."""
+    name = _queue(request)
+    await connection.declare(QueueSpec(name, "quorum"))
+    sender = await connection.sender(name)
+    messages = [f"m{i:03}".encode() for i in range(count)]
+    await asyncio.gather(*[await sender.send(message) for message in messages])
+    return name, sender, messages
 
 
 async def test_published_messages_are_confirmed_persistent_and_consumed_in_order(
@@ -123,10 +135,7 @@ async def test_a_new_prefetch_applies_to_the_running_consumer_and_loses_or_doubl
     # RabbitMQ applies basic.qos to consumers started after it only: the leaf starts a new
     # consumer under the new size and cancels the old one (the daemon's window grows once a
     # job's tasks are known to be short; before, it stayed at its first size).
-    name = _queue(request)
-    await connection.declare(QueueSpec(name, "quorum"))
-    sender = await connection.sender(name)
-    await asyncio.gather(*[await sender.send(f"m{i:02}".encode()) for i in range(40)])
+    name, sender, messages = await _filled(connection, request, 40)
     listener = await connection.listener(name, prefetch=2)
 
     async def held() -> list[Delivery[bytes]]:
@@ -155,7 +164,7 @@ async def test_a_new_prefetch_applies_to_the_running_consumer_and_loses_or_doubl
     while batch := await held():
         assert len(batch) <= 3
         taken += await ack(batch)
-    assert sorted(taken) == [f"m{i:02}".encode() for i in range(40)]  # each once
+    assert sorted(taken) == messages  # each once
     assert await connection.message_count(name) == 0
     await listener.close()
     await sender.close()
@@ -168,10 +177,7 @@ async def test_a_cancel_during_a_new_prefetch_leaves_no_consumer_behind(
     # The runner's close cancels the consumer while a resize may be starting a new one: the
     # cancel waits for that swap and cancels what it started, so nothing more is delivered.
     # The cancel comes at different moments of the swap (qos, consume, cancel: one RPC each).
-    name = _queue(request)
-    await connection.declare(QueueSpec(name, "quorum"))
-    sender = await connection.sender(name)
-    await asyncio.gather(*[await sender.send(f"m{i:03}".encode()) for i in range(200)])
+    name, sender, _ = await _filled(connection, request, 200)
     taken = 0
     for delay in (0.0, 0.0005, 0.001, 0.002, 0.003, 0.004, 0.006, 0.008, 0.012, 0.02):
         listener = await connection.listener(name, prefetch=2)

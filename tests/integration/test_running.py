@@ -60,7 +60,7 @@ async def test_the_tasks_running_now_are_listed_with_their_daemon_slot_and_start
             assert {(task.daemon_id, task.slot) for task in listed} == {
                 (d, s) for d in ("d0", "d1") for s in (0, 1)
             }
-            assert all(task.attempt == 1 for task in listed)
+            assert all(task.attempt == 1 for task in listed), listed
             assert all(began - 1 <= task.started_at.timestamp() <= seen for task in listed)
             assert all(0 <= task.for_seconds < SECONDS for task in listed)
             starts = [task.started_at for task in listed]

@@ -20,7 +20,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Final, final
@@ -200,18 +200,19 @@ class LocalRabbitNode:
         # Ready = answers AMQP *and* the listener is our beam's: ports are probed, not reserved, so a
         # node of another session may answer on this port while ours fails with eaddrinuse.
         pid = self._proc.pid
-        while not (speaks_amqp(self.host, self._port, timeout=1.0) and listens_on(pid, self._port)):
-            code = self._proc.poll()
-            if code is not None:
-                self._reap()
-                raise NodeStartError(
-                    f"node {self._nodename} exited with {code} while starting\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                self._kill_and_reap()
-                raise NodeStartError(f"node {self._nodename} did not start in time\n" + self.log_tail())
-            time.sleep(_POLL_S)
-        self._await_boot_end(printed_before, deadline)
+        self._await(
+            lambda: speaks_amqp(self.host, self._port, timeout=1.0) and listens_on(pid, self._port),
+            ("starting", "start"),
+            deadline,
+            _POLL_S,
+        )
+        with open(self._layout.stdout_file, "rb") as printed:
+
+            def booted() -> bool:
+                printed.seek(printed_before)
+                return _BOOTED in printed.read()
+
+            self._await(booted, ("booting", "finish booting"), deadline, _POLL_S / 4)
         comm = Path(f"/proc/{self._proc.pid}/comm").read_text().strip()
         if comm != "beam.smp":
             self._kill_and_reap()
@@ -226,25 +227,22 @@ class LocalRabbitNode:
             },
         )
 
-    def _await_boot_end(self, printed_before: int, deadline: float) -> None:
+    def _await(self, ready: Callable[[], bool], doing: tuple[str, str], deadline: float, poll: float) -> None:
+        """Polls ``ready`` every ``poll`` seconds until it holds. The process exiting meanwhile (it
+        is reaped) or ``deadline`` passing (it is killed) raises :class:`NodeStartError`, worded
+        with ``doing`` ("while starting", "did not start in time")."""
         assert self._proc is not None
-        with open(self._layout.stdout_file, "rb") as printed:
-            while True:
-                printed.seek(printed_before)
-                if _BOOTED in printed.read():
-                    return
-                code = self._proc.poll()
-                if code is not None:
-                    self._reap()
-                    raise NodeStartError(
-                        f"node {self._nodename} exited with {code} while booting\n{self.log_tail()}"
-                    )
-                if time.monotonic() > deadline:
-                    self._kill_and_reap()
-                    raise NodeStartError(
-                        f"node {self._nodename} did not finish booting in time\n" + self.log_tail()
-                    )
-                time.sleep(_POLL_S / 4)
+        while not ready():
+            code = self._proc.poll()
+            if code is not None:
+                self._reap()
+                raise NodeStartError(
+                    f"node {self._nodename} exited with {code} while {doing[0]}\n{self.log_tail()}"
+                )
+            if time.monotonic() > deadline:
+                self._kill_and_reap()
+                raise NodeStartError(f"node {self._nodename} did not {doing[1]} in time\n" + self.log_tail())
+            time.sleep(poll)
 
     def _wait_name_released(self, deadline: float) -> None:
         # epmd drops a killed node's name when it notices the closed socket; a restart racing that

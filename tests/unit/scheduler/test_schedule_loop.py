@@ -64,6 +64,14 @@ async def start(store: ScheduleStore, clock: ManualClock, schedule: Schedule) ->
     return loop, pipes.pipes["truba.job.job1.tasks"]
 
 
+def restarted(store: ScheduleStore, clock: ManualClock) -> FiringLoop:
+    """A new scheduler's firing loop on the same store: it tracks every schedule there."""
+    loop = FiringLoop(store, FakePipes(), clock=clock)
+    for schedule in store.list():
+        loop.track(schedule, read=False)
+    return loop
+
+
 async def test_a_schedule_fires_once_per_period_while_each_run_ends_in_time(schedules: ScheduleStore) -> None:
     clock = ManualClock(T0)
     loop, pipe = await start(schedules, clock, every_second())
@@ -143,9 +151,7 @@ async def test_a_restarted_loop_honours_the_lease_left_in_the_store(schedules: S
     assert await first.tick() == ["run-1"]
     await first.close()  # the scheduler dies with run-1 under way
     clock.advance(1.0)
-    second = FiringLoop(schedules, FakePipes(), clock=clock)
-    for schedule in schedules.list():
-        second.track(schedule, read=False)
+    second = restarted(schedules, clock)
     assert await second.tick() == []  # run-1's lease holds until T0 + 0.5 + grace
     second.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.OK))  # its outcome was waiting
     assert await second.tick() == ["run-2"]
@@ -160,9 +166,7 @@ async def test_a_loop_started_after_a_lease_ran_out_gives_the_reader_time_to_rec
     assert await first.tick() == ["run-1"]
     await first.close()  # the scheduler dies with run-1 under way, and is down past its lease
     clock.advance(0.5 + LEASE_GRACE + 3.0)
-    second = FiringLoop(schedules, FakePipes(), clock=clock)
-    for schedule in schedules.list():
-        second.track(schedule, read=False)
+    second = restarted(schedules, clock)
     assert await second.tick() == []  # held for LEASE_GRACE from now: run-1's outcome may be queued
     assert second.record(ScheduleRun("s1", "run-1", 0, 0, clock(), RunOutcome.OK))  # and it was
     assert await second.tick() == ["run-2"]  # once, for the due times missed meanwhile
@@ -181,9 +185,7 @@ async def test_a_run_whose_outcome_never_comes_after_a_restart_is_lost_after_the
     assert await first.tick() == ["run-1"]
     await first.close()
     clock.advance(10.0)
-    second = FiringLoop(schedules, FakePipes(), clock=clock)
-    for schedule in schedules.list():
-        second.track(schedule, read=False)
+    second = restarted(schedules, clock)
     clock.advance(LEASE_GRACE - 0.01)
     assert await second.tick() == []
     clock.advance(0.02)
