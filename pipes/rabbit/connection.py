@@ -173,7 +173,7 @@ class RabbitConnection:
                 amqp_queue = await channel.declare_queue(name, durable=True, arguments=queue_arguments(queue))
             else:
                 amqp_queue = await channel.declare_queue(name, passive=True)
-        listener = RabbitListener(channel, amqp_queue, self.url)
+        listener = RabbitListener(channel, amqp_queue, self.url, prefetch)
         await listener.start()
         return listener
 

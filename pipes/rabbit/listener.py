@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, final
@@ -22,6 +23,10 @@ log = logging.getLogger(__name__)
 
 CANCEL_SETTLE = 0.02
 """Seconds ``cancel()`` waits after cancel-ok for deliveries already dispatched."""
+
+RETIRE_WAIT = 1.0
+"""Seconds a consumer replaced by a new prefetch may take to fill its window before it is
+cancelled anyway (see :meth:`RabbitListener.set_prefetch`)."""
 
 
 @final
@@ -65,32 +70,64 @@ class RabbitDelivery:
         return tag
 
     async def ack(self) -> None:
-        with map_amqp_errors(self._listener.ack_what):
-            await self._message.channel.basic_ack(self._tag())
+        tag = self._tag()
+        if self._listener.settling(self._message, tag, None):
+            with map_amqp_errors(self._listener.ack_what):
+                await self._message.channel.basic_ack(tag)
         self._settled = True
         if trace.enabled:
             trace.mark_body(self._listener.hops[1], self._message.body)
 
     async def reject(self, requeue: bool) -> None:
-        with map_amqp_errors(self._listener.reject_what):
-            await self._message.channel.basic_reject(self._tag(), requeue=requeue)
+        tag = self._tag()
+        if self._listener.settling(self._message, tag, requeue):
+            with map_amqp_errors(self._listener.reject_what):
+                await self._message.channel.basic_reject(tag, requeue=requeue)
         self._settled = True
 
 
 _CLOSED: Final = object()
+_TAGS = itertools.count(1)
+
+
+@final
+class _Retiree:
+    """A consumer a new prefetch replaced, until it is cancelled (see ``set_prefetch``)."""
+
+    __slots__ = ("tag", "size", "held", "deferred", "cancelling", "cancelled", "timer")
+
+    def __init__(self, tag: str, size: int, held: int) -> None:
+        self.tag = tag
+        self.size = size
+        self.held = held
+        """Its deliveries not settled yet: it is full (nothing can be on its way to it) at ``size``."""
+        self.deferred: list[tuple[int, bool | None]] = []
+        """Settles of its deliveries held back until its cancel went out: (delivery tag, None
+        for an ack or ``requeue`` for a reject)."""
+        self.cancelling = False
+        self.cancelled = False
+        """Its cancel went out: settles of its deliveries go out at once from then on."""
+        self.timer: asyncio.TimerHandle | None = None
 
 
 @final
 class RabbitListener:
     """Consumes one queue; deliveries wait in a local buffer bounded by the prefetch window."""
 
-    def __init__(self, channel: AbstractChannel, queue: AbstractQueue, url: str) -> None:
+    def __init__(self, channel: AbstractChannel, queue: AbstractQueue, url: str, prefetch: int) -> None:
         self._channel = channel
         self._queue = queue
         self._url = url
         self._buffer: asyncio.Queue[RabbitDelivery | object] = asyncio.Queue()
         self._callback: Callable[[Delivery[bytes]], Awaitable[None]] | None = None
         self._consumer_tag: str | None = None
+        self._size = prefetch
+        """The prefetch the consumer ``_consumer_tag`` was started with."""
+        self._held = 0
+        """Its deliveries not settled yet."""
+        self._retiring: _Retiree | None = None
+        self._wanted: int | None = None
+        """A prefetch asked for while a consumer was retiring: applied once it is gone."""
         self._closed = False
         self._cancelled = False
         self._cancelling: asyncio.Future[None] | None = None
@@ -116,37 +153,122 @@ class RabbitListener:
         RabbitMQ applies a consumer's prefetch (``basic.qos``, not global: quorum queues refuse
         a global one) when the consumer starts, never to a consumer already running: a
         ``basic.qos`` alone would leave the window as it was. So a consuming leaf starts a new
-        consumer on the same channel under the new size, then cancels the old one (consume
-        first: deliveries do not pause). What was delivered to the old consumer stays
-        settleable (delivery tags are the channel's), and what the broker sent it before its
-        cancel-ok still reaches this leaf's buffer (aiormq drops the consumer's callback only
-        at cancel-ok). Until those old deliveries are settled, the leaf may hold up to the old
-        size more than the new one.
+        consumer on the same channel under the new size (deliveries do not pause) and *retires*
+        the old one: it cancels it once it is full. A quorum queue (RabbitMQ 3.10) gives back
+        what was on its way to a consumer when its cancel came, as a failed delivery: marked
+        redelivered, its ``x-delivery-count`` raised, which the daemon would count as an attempt
+        its task never ran. A consumer holding as many unsettled deliveries as its prefetch has
+        nothing on its way, as long as none of its deliveries is settled meanwhile (a settle
+        gives it credit): so from the swap on, its settles are held back (they count as done
+        for their owner) and sent after its cancel. A consumer not full within
+        :data:`RETIRE_WAIT` (a queue gone quiet) is cancelled anyway. One consumer retires at a
+        time: a new size asked for meanwhile is applied once it is gone. Until then the leaf
+        may hold up to the old size more than the new one.
         """
         async with self._consumer_lock:
             with map_amqp_errors(f"qos on {self.queue}"):
                 await self._channel.set_qos(prefetch_count=count)
-            old = self._consumer_tag
-            if old is None or self._cancelled or self._closed or self._broken is not None:
+            if self._consumer_tag is None or self._cancelled or self._closed or self._broken is not None:
+                self._size = count
                 return  # not consuming: the next consume applies the size
-            await self._consume()
-            with map_amqp_errors(f"cancel {self.queue}"):
-                channel = await self._channel.get_underlay_channel()
-                await channel.basic_cancel(old)
-            log.debug("pipe.rabbit.prefetch_applied", extra={"queue": self.queue, "prefetch": count})
+            if self._retiring is not None:
+                self._wanted = count
+                return
+            await self._swap(count)
+
+    async def _swap(self, count: int) -> None:
+        """Starts a consumer of ``count`` and retires the current one (under the consumer lock)."""
+        assert self._consumer_tag is not None
+        old = _Retiree(self._consumer_tag, self._size, self._held)
+        self._retiring = old
+        await self._consume(count)
+        if old.held >= old.size:
+            self._retire(old)
+        else:
+            old.timer = asyncio.get_running_loop().call_later(RETIRE_WAIT, self._retire, old)
+        log.debug("pipe.rabbit.prefetch_applied", extra={"queue": self.queue, "prefetch": count})
+
+    def _retire(self, old: _Retiree) -> None:
+        """Cancels ``old`` now (it is full, or waited long enough), in the background."""
+        if old.cancelling:
+            return
+        old.cancelling = True
+        if old.timer is not None:
+            old.timer.cancel()
+        task = asyncio.ensure_future(self._cancel_retiree(old))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _cancel_retiree(self, old: _Retiree) -> None:
+        async with self._consumer_lock:
+            if self._retiring is not old or old.cancelled:
+                return  # cancel() or close() dealt with it
+            await self._end_retiree(old)
+            wanted, self._wanted = self._wanted, None
+            if wanted is not None and wanted != self._size and self._consumer_tag is not None:
+                if not (self._cancelled or self._closed or self._broken is not None):
+                    with contextlib.suppress(PipeError):
+                        await self._swap(wanted)
+
+    async def _end_retiree(self, old: _Retiree) -> None:
+        """basic.cancel of ``old``, then the settles held back (both only on a live channel)."""
+        if old.timer is not None:
+            old.timer.cancel()
+        if not (self._channel.is_closed or self._broken is not None or old.cancelled):
+            channel = await self._channel.get_underlay_channel()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(channel.basic_cancel(old.tag), 5.0)
+        old.cancelled = True
+        if self._retiring is old:
+            self._retiring = None
+        deferred, old.deferred = old.deferred, []
+        if not deferred or self._channel.is_closed or self._broken is not None:
+            return  # a dead channel: the broker gives its deliveries back itself
+        channel = await self._channel.get_underlay_channel()
+        for tag, requeue in deferred:
+            try:
+                if requeue is None:
+                    await channel.basic_ack(tag)
+                else:
+                    await channel.basic_reject(tag, requeue=requeue)
+            except Exception as exc:  # the channel died: the broker redelivers them
+                log.debug("pipe.rabbit.settle_failed", extra={"queue": self.queue, "error": repr(exc)})
+                return
+
+    def settling(self, message: DeliveredMessage, tag: int, requeue: bool | None) -> bool:
+        """A delivery of this leaf is being settled: False when its settle is held back (its
+        consumer is retiring, see :meth:`set_prefetch`), True when it is to go out now."""
+        consumer = message.delivery.consumer_tag  # type: ignore[union-attr]
+        if consumer == self._consumer_tag:
+            self._held -= 1
+        elif (old := self._retiring) is not None and consumer == old.tag and not old.cancelled:
+            old.deferred.append((tag, requeue))
+            return False
+        return True
 
     async def start(self) -> None:
         async with self._consumer_lock:
-            await self._consume()
+            await self._consume(self._size)
 
-    async def _consume(self) -> None:
+    async def _consume(self, size: int) -> None:
         with map_amqp_errors(f"consume {self.queue}"):
             # On the aiormq channel: deliveries come as they are, without a copy per message.
             channel = await self._channel.get_underlay_channel()
-            consume_ok = await channel.basic_consume(self.queue, self._on_message, no_ack=False)
-            self._consumer_tag = consume_ok.consumer_tag
+            # Our own tag, known before consume-ok: a delivery may be handled before the rpc returns.
+            self._consumer_tag = f"truba.{self.queue}.{next(_TAGS)}"
+            self._size, self._held = size, 0
+            await channel.basic_consume(
+                self.queue, self._on_message, no_ack=False, consumer_tag=self._consumer_tag
+            )
 
     async def _on_message(self, message: DeliveredMessage) -> None:
+        consumer = message.delivery.consumer_tag  # type: ignore[union-attr]
+        if consumer == self._consumer_tag:
+            self._held += 1
+        elif (old := self._retiring) is not None and consumer == old.tag:
+            old.held += 1
+            if old.held >= old.size:
+                self._retire(old)
         if trace.enabled:
             trace.mark_body(self.hops[0], message.body)
         delivery = RabbitDelivery(message, self)
@@ -189,6 +311,8 @@ class RabbitListener:
 
     async def _cancel(self) -> None:
         async with self._consumer_lock:
+            if self._retiring is not None:
+                await self._end_retiree(self._retiring)
             if self._consumer_tag is not None and not self._channel.is_closed and self._broken is None:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
@@ -234,6 +358,9 @@ class RabbitListener:
             log.info("pipe.rabbit.closed_holding", extra={"queue": self.queue, "deliveries": left})
         self._buffer.put_nowait(_CLOSED)
         try:
+            if self._retiring is not None:  # its held-back settles go out before the channel closes
+                with contextlib.suppress(Exception):
+                    await self._end_retiree(self._retiring)
             if self._consumer_tag is not None and not self._channel.is_closed:
                 with contextlib.suppress(Exception):
                     await asyncio.wait_for(self._queue.cancel(self._consumer_tag), 5.0)
