@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Final, final
 
 from aio_pika.abc import AbstractChannel, AbstractQueue
@@ -163,7 +163,13 @@ class RabbitListener:
         :data:`RETIRE_WAIT` (a queue gone quiet) is cancelled anyway. One consumer retires at a
         time: a new size asked for meanwhile is applied once it is gone. Until then the leaf
         may hold up to the old size more than the new one.
+
+        A caller cancelled meanwhile leaves the change to finish on its own: aiormq closes a
+        channel whose RPC is cancelled half way, and this channel holds the deliveries.
         """
+        await asyncio.shield(self._spawn(self._set_prefetch(count)))
+
+    async def _set_prefetch(self, count: int) -> None:
         async with self._consumer_lock:
             with map_amqp_errors(f"qos on {self.queue}"):
                 await self._channel.set_qos(prefetch_count=count)
@@ -180,12 +186,40 @@ class RabbitListener:
         assert self._consumer_tag is not None
         old = _Retiree(self._consumer_tag, self._size, self._held)
         self._retiring = old
-        await self._consume(count)
+        try:
+            await self._consume(count)
+        except BaseException:  # failed or cancelled: the old consumer stays the one
+            self._unretire(old)
+            raise
         if old.held >= old.size:
             self._retire(old)
         else:
             old.timer = asyncio.get_running_loop().call_later(RETIRE_WAIT, self._retire, old)
         log.debug("pipe.rabbit.prefetch_applied", extra={"queue": self.queue, "prefetch": count})
+
+    def _unretire(self, old: _Retiree) -> None:
+        """Keeps ``old`` as the consumer (a new one could not be started); the settles it held
+        back go out in the background. (A consume that reached the broker before it failed leaves
+        a consumer this leaf does not count: its deliveries still come, only never retired.)"""
+        self._retiring = None
+        self._consumer_tag, self._size, self._held = old.tag, old.size, old.held - len(old.deferred)
+        old.cancelled = True  # its settles are not held back any more
+        if old.deferred and not (self._channel.is_closed or self._broken is not None):
+            self._spawn(self._send_settles(old.deferred))
+        old.deferred = []
+
+    def _spawn(self, work: Coroutine[object, object, None]) -> asyncio.Task[None]:
+        """Runs ``work`` in the background, kept until it ends; an error nobody awaited is
+        logged (at debug: the channel's own failure is what its owner sees)."""
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._ended)
+        return task
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.debug("pipe.rabbit.background_failed", extra={"queue": self.queue, "error": repr(exc)})
 
     def _retire(self, old: _Retiree) -> None:
         """Cancels ``old`` now (it is full, or waited long enough), in the background."""
@@ -194,9 +228,7 @@ class RabbitListener:
         old.cancelling = True
         if old.timer is not None:
             old.timer.cancel()
-        task = asyncio.ensure_future(self._cancel_retiree(old))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._spawn(self._cancel_retiree(old))
 
     async def _cancel_retiree(self, old: _Retiree) -> None:
         async with self._consumer_lock:
@@ -221,18 +253,20 @@ class RabbitListener:
         if self._retiring is old:
             self._retiring = None
         deferred, old.deferred = old.deferred, []
-        if not deferred or self._channel.is_closed or self._broken is not None:
-            return  # a dead channel: the broker gives its deliveries back itself
-        channel = await self._channel.get_underlay_channel()
-        for tag, requeue in deferred:
-            try:
+        if deferred and not (self._channel.is_closed or self._broken is not None):
+            await self._send_settles(deferred)
+
+    async def _send_settles(self, settles: list[tuple[int, bool | None]]) -> None:
+        """Sends settles held back: (delivery tag, None for an ack or ``requeue`` for a reject)."""
+        try:
+            channel = await self._channel.get_underlay_channel()
+            for tag, requeue in settles:
                 if requeue is None:
                     await channel.basic_ack(tag)
                 else:
                     await channel.basic_reject(tag, requeue=requeue)
-            except Exception as exc:  # the channel died: the broker redelivers them
-                log.debug("pipe.rabbit.settle_failed", extra={"queue": self.queue, "error": repr(exc)})
-                return
+        except Exception as exc:  # the channel died: the broker redelivers them
+            log.debug("pipe.rabbit.settle_failed", extra={"queue": self.queue, "error": repr(exc)})
 
     def settling(self, message: DeliveredMessage, tag: int, requeue: bool | None) -> bool:
         """A delivery of this leaf is being settled: False when its settle is held back (its

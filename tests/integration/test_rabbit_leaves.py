@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections.abc import AsyncIterator, Callable
 
@@ -210,6 +211,40 @@ async def test_prefetch_changes_under_a_flowing_queue_redeliver_nothing(
     assert redelivered == [] and sorted(taken) == sorted(messages)
     # A replaced consumer that never fills (the queue is empty now) is cancelled after
     # RETIRE_WAIT, and the acks it held back go out then.
+    async with asyncio.timeout(RETIRE_WAIT + 5.0):
+        while await connection.message_count(name):
+            await asyncio.sleep(0.1)
+    await listener.close()
+    await sender.close()
+    await connection.delete(name)
+
+
+async def test_a_new_prefetch_cancelled_midway_loses_no_delivery_and_no_ack(
+    connection: RabbitConnection, request: pytest.FixtureRequest
+) -> None:
+    # A resize cancelled at any point of its swap (qos, consume, retire) leaves one consumer
+    # counted, and the acks its old consumer held back go out.
+    name, sender, messages = await _filled(connection, request, 60)
+    listener = await connection.listener(name, prefetch=2)
+    taken: list[bytes] = []
+    for step in range(8):
+        held = [await listener.get(5.0), await listener.get(5.0)]
+        resizing = asyncio.create_task(listener.set_prefetch(3 + step % 2))
+        await asyncio.sleep(step * 0.001)
+        resizing.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await resizing
+        for delivery in held:
+            assert delivery is not None and not delivery.redelivered
+            taken.append(delivery.message)
+            await delivery.ack()
+    while len(taken) < len(messages):
+        delivery = await listener.get(5.0)
+        assert delivery is not None, f"{len(taken)} of {len(messages)} taken"
+        assert not delivery.redelivered, delivery.message
+        taken.append(delivery.message)
+        await delivery.ack()
+    assert sorted(taken) == sorted(messages)
     async with asyncio.timeout(RETIRE_WAIT + 5.0):
         while await connection.message_count(name):
             await asyncio.sleep(0.1)
