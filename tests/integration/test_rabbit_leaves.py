@@ -176,6 +176,13 @@ async def test_a_new_prefetch_applies_to_the_running_consumer_and_loses_or_doubl
     await connection.delete(name)
 
 
+async def _every_ack_arrives(connection: RabbitConnection, name: str) -> None:
+    """The queue empties within RETIRE_WAIT and some: acks held back by a retiring consumer went out."""
+    async with asyncio.timeout(RETIRE_WAIT + 5.0):
+        while await connection.message_count(name):
+            await asyncio.sleep(0.1)
+
+
 @pytest.mark.parametrize("queue_type", ["quorum", "classic"])
 async def test_prefetch_changes_under_a_flowing_queue_redeliver_nothing(
     connection: RabbitConnection, request: pytest.FixtureRequest, queue_type: str
@@ -211,9 +218,7 @@ async def test_prefetch_changes_under_a_flowing_queue_redeliver_nothing(
     assert redelivered == [] and sorted(taken) == sorted(messages)
     # A replaced consumer that never fills (the queue is empty now) is cancelled after
     # RETIRE_WAIT, and the acks it held back go out then.
-    async with asyncio.timeout(RETIRE_WAIT + 5.0):
-        while await connection.message_count(name):
-            await asyncio.sleep(0.1)
+    await _every_ack_arrives(connection, name)
     await listener.close()
     await sender.close()
     await connection.delete(name)
@@ -245,9 +250,7 @@ async def test_a_new_prefetch_cancelled_midway_loses_no_delivery_and_no_ack(
         taken.append(delivery.message)
         await delivery.ack()
     assert sorted(taken) == sorted(messages)
-    async with asyncio.timeout(RETIRE_WAIT + 5.0):
-        while await connection.message_count(name):
-            await asyncio.sleep(0.1)
+    await _every_ack_arrives(connection, name)
     await listener.close()
     await sender.close()
     await connection.delete(name)
