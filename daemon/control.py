@@ -10,7 +10,10 @@ again after reconnect (eventual consistency).
 one at a time. A standby answers ``UNAVAILABLE`` naming the leader (:func:`truba.follow.leader_hint`):
 the link goes there after a short pause (:data:`STANDBY_RETRY`, without growing: an election
 takes seconds). An address that fails otherwise makes it try the next one at once; only after
-a whole round of failures does it back off.
+a whole round of failures does it back off, and not while an election is on: for
+:data:`ELECTION_WINDOW` after a standby answered, a failed round waits :data:`STANDBY_RETRY` too
+(the new leader's port is closed while it loads the store, and a growing backoff there kept a
+daemon away for seconds after the leader served).
 
 **Epochs.** Every Welcome and Assignment carries the sending leader's epoch, and the link keeps
 the highest it saw. An assignment of an older epoch (a former leader's) is ignored, logged and
@@ -24,18 +27,22 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from typing import Protocol
 
 import grpc
 
 from truba.backoff import Backoff
 from truba.channel import Credentials, open_channel
-from truba.follow import leader_hint, scheduler_addresses
+from truba.follow import from_standby, leader_hint, scheduler_addresses
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
 RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)
 STANDBY_RETRY = (0.1, 0.5)
 """Seconds (uniform) before trying the leader a standby named: the election ends within seconds."""
+ELECTION_WINDOW = 30.0
+"""Seconds after a standby's answer during which a failed round does not grow the backoff: the
+lease's ttl (3 s by default) plus the new leader's load of the store, with room to spare."""
 WELCOME_TIMEOUT = 10.0
 """Seconds a new stream may take to be welcomed before the link tries the next address."""
 
@@ -123,11 +130,18 @@ class SchedulerLink:
         """Assignments ignored for an epoch older than :attr:`epoch`."""
         self._heartbeat_interval = 2.0
         self._nudged = asyncio.Event()
+        self._standby_seen = -ELECTION_WINDOW
+        """When (monotonic) a standby last answered: an election was on."""
 
     @property
     def is_connected(self) -> bool:
         """The stream is up and the scheduler welcomed us."""
         return self.connected.is_set()
+
+    @property
+    def electing(self) -> bool:
+        """A standby answered within the last :data:`ELECTION_WINDOW` seconds."""
+        return time.monotonic() - self._standby_seen < ELECTION_WINDOW
 
     def nudge(self) -> None:
         """Sends a heartbeat now instead of at the next interval (e.g. the daemon started draining)."""
@@ -142,6 +156,8 @@ class SchedulerLink:
                 await self._session(stop)
             except grpc.aio.AioRpcError as exc:
                 hint = leader_hint(exc)
+                if from_standby(exc):
+                    self._standby_seen = time.monotonic()
                 log.warning(
                     "daemon.scheduler.unreachable",
                     extra={
@@ -171,9 +187,12 @@ class SchedulerLink:
                 misses += 1
                 delay = 0.0
                 if misses >= len(self.addresses):  # a whole round failed: back off
-                    delay = self.backoff.delay(rounds)
-                    rounds += 1
                     misses = 0
+                    if self.electing:
+                        delay = random.uniform(*STANDBY_RETRY)
+                    else:
+                        delay = self.backoff.delay(rounds)
+                        rounds += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), delay)
 

@@ -56,17 +56,27 @@ def scheduler_addresses(text: str) -> list[str]:
 
 def leader_hint(error: BaseException) -> str:
     """The leader's address a standby named in ``error`` (a gRPC error), or ""."""
+    return _leader_entry(error) or ""
+
+
+def from_standby(error: BaseException) -> bool:
+    """``error`` is a standby's answer (it names the leader, or says there is none yet)."""
+    return _leader_entry(error) is not None
+
+
+def _leader_entry(error: BaseException) -> str | None:
+    """The :data:`LEADER_KEY` entry of ``error``'s trailing metadata; None without one."""
     trailing = getattr(error, "trailing_metadata", None)
     if not callable(trailing):
-        return ""
+        return None
     try:
         metadata = trailing()
     except Exception:  # a call object that has no trailing metadata yet
-        return ""
+        return None
     for key, value in metadata or ():
         if key == LEADER_KEY:
             return value.decode() if isinstance(value, bytes) else str(value)
-    return ""
+    return None
 
 
 def _code(error: grpc.RpcError) -> grpc.StatusCode | None:

@@ -14,6 +14,7 @@ import grpc
 import grpc.aio
 import pytest
 
+from truba.backoff import Backoff
 from truba.daemon.control import SchedulerLink
 from truba.local import free_port
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
@@ -175,5 +176,42 @@ async def test_a_broken_stream_leaves_no_request_task_behind(servers: list[grpc.
         # Then gRPC's task feeding each session's requests ended with it
         assert _grpc_request_pollers() == []
     finally:
+        for server in servers:
+            await server.stop(0)
+
+
+async def test_a_leader_taking_over_is_reached_at_once_though_its_port_was_closed_for_a_while(
+    servers: list[grpc.aio.Server],
+) -> None:
+    # Given a standby that names the dead leader, with the longest backoff the policy allows
+    port = free_port()
+    standby = StandbyFace(f"127.0.0.1:{port}", None, leader=lambda: dead, services=())
+    dead = f"127.0.0.1:{free_port()}"
+    await standby.start()
+    longest = Backoff(attempts=None, base=0.2, cap=10.0, rng=lambda low, high: high)
+    link = SchedulerLink(f"{dead},{standby.address}", Recorder(), backoff=longest)
+    stop = asyncio.Event()
+    running = asyncio.create_task(link.run(stop))
+    leader = ScriptedLeader(2, [(2, 1)])  # type: ignore[abstract]
+    try:
+        await asyncio.sleep(0.5)
+        assert link.electing
+        # When the standby closes its port and serves as the leader 1.5 s later (it loaded the
+        # store meanwhile), every address refusing in between
+        await standby.stop()
+        await asyncio.sleep(1.5)
+        server = grpc.aio.server()
+        daemons_pb2_grpc.add_DaemonServiceServicer_to_server(leader, server)
+        server.add_insecure_port(f"127.0.0.1:{port}")
+        await server.start()
+        servers.append(server)
+        serving = asyncio.get_running_loop().time()
+        # Then the link reaches it within a standby retry, not a grown backoff (1.6 s by then)
+        await asyncio.wait_for(link.connected.wait(), 5)
+        took = asyncio.get_running_loop().time() - serving
+        assert took < 0.9, f"welcomed {took:.2f} s after the leader served"
+    finally:
+        stop.set()
+        await asyncio.wait_for(running, 5)
         for server in servers:
             await server.stop(0)

@@ -9,7 +9,7 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from truba.follow import leader_hint
+from truba.follow import from_standby, leader_hint
 from truba.proto.v1 import jobs_pb2, jobs_pb2_grpc
 from truba.scheduler.server import SERVICES
 from truba.scheduler.standby import LeaderGate, StandbyFace
@@ -58,6 +58,26 @@ async def test_a_leader_past_its_fence_refuses_calls_naming_the_new_leader() -> 
                 await stub.GetClusterInfo(jobs_pb2.GetClusterInfoRequest(), timeout=3)
         assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
         assert caught.value.details() == "standby; the leader is at b:50051"
-        assert leader_hint(caught.value) == "b:50051"
+        assert leader_hint(caught.value) == "b:50051" and from_standby(caught.value)
     finally:
         await server.stop(0)
+
+
+async def test_a_standby_that_knows_no_leader_is_still_told_from_a_failing_server() -> None:
+    face = StandbyFace("127.0.0.1:0", None, leader=lambda: "", services=SERVICES)
+    await face.start()
+    try:
+        async with grpc.aio.insecure_channel(face.address) as channel:
+            stub = jobs_pb2_grpc.JobServiceStub(channel)
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await stub.GetClusterInfo(jobs_pb2.GetClusterInfoRequest(), timeout=3)
+    finally:
+        await face.stop()
+    with pytest.raises(grpc.aio.AioRpcError) as down:  # the same address, nothing serving it
+        async with grpc.aio.insecure_channel(face.address) as channel:
+            await jobs_pb2_grpc.JobServiceStub(channel).GetClusterInfo(
+                jobs_pb2.GetClusterInfoRequest(), timeout=3
+            )
+    assert refused.value.details() == "standby; no leader yet"
+    assert leader_hint(refused.value) == "" and from_standby(refused.value)
+    assert down.value.code() == grpc.StatusCode.UNAVAILABLE and not from_standby(down.value)
