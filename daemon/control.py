@@ -43,6 +43,10 @@ STANDBY_RETRY = (0.1, 0.5)
 ELECTION_WINDOW = 30.0
 """Seconds after a standby's answer during which a failed round does not grow the backoff: the
 lease's ttl (3 s by default) plus the new leader's load of the store, with room to spare."""
+OWN_SUBCHANNEL = (("grpc.use_local_subchannel_pool", 1),)
+"""Each session's channel connects on its own: channels to one address share gRPC's global
+subchannel, whose reconnect backoff (1 s, growing to 2 s) would fail a new session at once,
+without trying, long after the scheduler is back. The link keeps its own backoff."""
 WELCOME_TIMEOUT = 10.0
 """Seconds a new stream may take to be welcomed before the link tries the next address."""
 
@@ -213,7 +217,7 @@ class SchedulerLink:
                 outbox.put(daemons_pb2.DaemonMessage(heartbeat=self.daemon.heartbeat()))
                 self.heartbeats += 1
 
-        async with open_channel(self.address, self.credentials) as channel:
+        async with open_channel(self.address, self.credentials, options=OWN_SUBCHANNEL) as channel:
             stub = daemons_pb2_grpc.DaemonServiceStub(channel)
             call = stub.Connect(outbox)
             beating = asyncio.create_task(beat())
