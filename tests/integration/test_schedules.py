@@ -113,9 +113,9 @@ async def test_a_one_second_schedule_runs_on_time_one_at_a_time_and_reports_its_
             )
             await eventually(lambda: starts(record), 10, "a first run")
             first = starts(record)[0]
-            await asyncio.sleep(15.5)
-            within = [at for at in starts(record) if first <= at < first + 15.0]
-            assert 14 <= len(within) <= 16, f"{len(within)} runs in 15 s"
+            await asyncio.sleep(8.5)
+            within = [at for at in starts(record) if first <= at < first + 8.0]
+            assert 7 <= len(within) <= 9, f"{len(within)} runs in 8 s"
             assert_one_at_a_time(record)
             gaps = [b - a for a, b in zip(within, within[1:], strict=False)]
             jitter = sorted(abs(gap - 1.0) for gap in gaps)
@@ -132,7 +132,7 @@ async def test_a_one_second_schedule_runs_on_time_one_at_a_time_and_reports_its_
             assert [s.id for s in await client.schedules()] == [schedule.id]
             # The schedule's job counts its runs as any job counts its tasks (heartbeats lag by ~1 s)
             counts = (await client.get_job_info(schedule.job_id)).counts
-            assert counts.submitted >= 15 and counts.done >= 13, counts
+            assert counts.submitted >= 8 and counts.done >= 6, counts
             (listed,) = json.loads(await truba(cluster.address, "schedules", "--json"))
             assert (listed["id"], listed["name"], listed["every"], listed["state"]) == (
                 schedule.id,
@@ -140,7 +140,7 @@ async def test_a_one_second_schedule_runs_on_time_one_at_a_time_and_reports_its_
                 1.0,
                 "active",
             )
-            assert listed["runs"] >= 15 and listed["last_run"]["outcome"] in ("ok", "running")
+            assert listed["runs"] >= 8 and listed["last_run"]["outcome"] in ("ok", "running")
             table = await truba(cluster.address, "schedules")
             assert table.splitlines()[0].split() == [
                 "SCHEDULE",
@@ -154,7 +154,7 @@ async def test_a_one_second_schedule_runs_on_time_one_at_a_time_and_reports_its_
             ]
             assert "every 1s" in table
             shown = json.loads(await truba(cluster.address, "schedules", "--runs", schedule.id, "--json"))
-            assert len(shown) >= 15 and {run["outcome"] for run in shown[1:]} == {"ok"}
+            assert len(shown) >= 8 and {run["outcome"] for run in shown[1:]} == {"ok"}
 
             await schedule.pause()
             paused_at = time.time()
