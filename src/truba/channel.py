@@ -22,6 +22,15 @@ from truba.follow import FollowingBlockingChannel, FollowingChannel, scheduler_a
 TOKEN_ENV = "TRUBA_TOKEN"
 TLS_CA_ENV = "TRUBA_TLS_CA"
 MAX_RECONNECT_BACKOFF_MS = 2000
+INITIAL_RECONNECT_BACKOFF_MS = 200
+RECONNECT_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", INITIAL_RECONNECT_BACKOFF_MS),
+    ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
+)
+"""gRPC waits 1 s after a refused connect before the next, growing to 120 s: a scheduler that
+restarts (or a standby that takes over) would stay unreachable long after it serves. From
+0.2 s growing to 2 s, a client reached a scheduler that came back 0.42-0.52 s after it served
+(0.82-1.32 s with gRPC's defaults, stop 35)."""
 DEFAULT_PORT = 50051
 """The scheduler's port when an address names none (gRPC itself would take 443)."""
 
@@ -122,9 +131,7 @@ def open_channel(
         return cast(grpc.aio.Channel, following)
     credentials = credentials or Credentials()
     address = scheduler_target(address)
-    # gRPC's reconnect backoff grows to 120 s by default: a scheduler that restarts would stay
-    # unreachable long after it is back.
-    options = [("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS), *options]
+    options = [*RECONNECT_OPTIONS, *options]
     interceptors = [cast(Any, _TokenInterceptor(credentials.metadata()))] if credentials.token else None
     if credentials.tls_ca is not None:
         root = credentials.tls_ca.read_bytes()
@@ -144,5 +151,7 @@ def open_blocking_channel(address: str, credentials: Credentials | None = None) 
     credentials = credentials or Credentials()
     address = scheduler_target(address)
     if credentials.tls_ca is not None:
-        return grpc.secure_channel(address, grpc.ssl_channel_credentials(credentials.tls_ca.read_bytes()))
-    return grpc.insecure_channel(address)
+        return grpc.secure_channel(
+            address, grpc.ssl_channel_credentials(credentials.tls_ca.read_bytes()), options=RECONNECT_OPTIONS
+        )
+    return grpc.insecure_channel(address, options=RECONNECT_OPTIONS)
