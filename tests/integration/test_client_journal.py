@@ -100,7 +100,7 @@ async def test_a_wiped_broker_is_declared_lost_and_the_tasks_it_held_complete(
     async with running(tmp_path / "cluster", brokers, daemons=2, slots=2) as cluster:
         async with Client(cluster.address, journal=tmp_path / "journal") as client:
             job = await client.create_job("tests.handlers.basic:sleep", name="broker-wipe")
-            ids = {await job.submit(0.05): i for i in range(400)}
+            ids = {await job.submit(0.1): i for i in range(400)}
             await job.close()
             # Messages, not tasks: most carry a frame of tasks (up to 8 before the first outcome),
             # and the daemons already hold some; at least one must be lost with the broker.

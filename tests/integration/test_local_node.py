@@ -76,7 +76,18 @@ def recovery_lines(node: LocalRabbitNode) -> str:
     )
     lines = log_file.read_text(errors="replace").splitlines() if log_file.exists() else []
     picked = [line[:200] for line in lines if any(word in line for word in words)]
-    return "\n".join(picked[-40:]) or "(no log)"
+    # The log loses what the logger still buffered at a kill -9; stdout has each boot's banner, and
+    # the database's files say whether the first boot wrote the queue's record at all.
+    stdout = node.base_dir / "stdout.log"
+    printed = stdout.read_text(errors="replace").splitlines()
+    boots = [line[:160] for line in printed if "Starting broker" in line]
+    database = node.base_dir / "mnesia" / node.nodename
+    files = sorted(
+        f"{path.relative_to(database)} {path.stat().st_size} B"
+        for path in database.glob("*")
+        if path.is_file()
+    )
+    return "\n".join([*picked[-40:], "boots in stdout:", *boots, "database files:", *files])
 
 
 def test_two_nodes_are_independent_brokers(
