@@ -104,7 +104,7 @@ class Client(ScheduleCalls):
         quiet_by_default()
         self._credentials = Credentials.from_env(token, tls_ca)
         self.address = address
-        self._reach = Reach(unavailable_after, scheduler=address)
+        self._reach = Reach(unavailable_after, scheduler=address, electing=self._electing)
         self._journal_root = None if journal is False else Path(journal or default_journal_dir())
         self._journal_fsync = check_policy(journal_fsync)
         self._max_unconfirmed = max_unconfirmed
@@ -136,6 +136,10 @@ class Client(ScheduleCalls):
         elif self._channel is None:
             self._channel = open_channel(self.address, self._credentials)
             self._stub = jobs_pb2_grpc.JobServiceStub(self._channel)
+
+    def _electing(self) -> bool:
+        """The channel (over several scheduler addresses) saw a standby's answer lately."""
+        return bool(getattr(self._channel, "electing", False))
 
     @property
     def jobs(self) -> jobs_pb2_grpc.JobServiceAsyncStub:

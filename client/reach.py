@@ -6,6 +6,10 @@ One :class:`Reach` per client, shared by its jobs:
 - **The scheduler.** :meth:`Reach.call` makes one JobService call, each try bounded by what is
   left of the patience; an unreachable scheduler (``UNAVAILABLE``, or no answer in time for a
   call safe to repeat) is tried again with :data:`CALL_BACKOFF` until the patience runs out.
+  While an election is under way (a standby answered within
+  :data:`~truba.follow.ELECTION_WINDOW` seconds) a try waits
+  :data:`~truba.follow.STANDBY_RETRY` instead: the new leader serves within seconds, and a grown
+  backoff would keep the call away for up to 5 s after.
 - **The brokers.** The jobs' loss watches report each check of a broker
   (:meth:`Reach.broker_up`, :meth:`Reach.broker_down`); while *every* broker is down, waits in
   :meth:`Reach.bounded` blocks (a submit, the confirms at close) and the result stream's
@@ -31,6 +35,7 @@ import grpc
 from truba.backoff import Backoff
 from truba.client.errors import Unavailable, map_rpc_errors
 from truba.client.notices import notice
+from truba.follow import ELECTION_WINDOW, STANDBY_RETRY, from_standby
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +60,11 @@ class Reach:
         scheduler: str = "",
         backoff: Backoff = CALL_BACKOFF,
         clock: Callable[[], float] = time.monotonic,
+        electing: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``electing`` says whether the channel saw a standby's answer lately (a
+        :class:`~truba.follow.FollowingChannel` over several addresses knows; one address alone
+        answers for itself)."""
         if not patience > 0:
             raise ValueError(f"unavailable_after: must be > 0 seconds, got {patience}")
         self.patience = patience
@@ -63,6 +72,9 @@ class Reach:
         self._backoff = backoff
         self.clock = clock
         """The clock of outages (``time.monotonic``, or a test's)."""
+        self._electing = electing
+        self._standby_seen = -ELECTION_WINDOW
+        """When (``clock``) a call was last answered by a standby."""
         self._scheduler_down = False
         self._down: dict[str, float] = {}
         """Brokers whose last check failed, and since when."""
@@ -99,7 +111,12 @@ class Reach:
             except Unavailable as exc:
                 timed_out = exc.code == grpc.StatusCode.DEADLINE_EXCEEDED.name
                 self.scheduler_down(what, exc)
-                delay = self._backoff.delay(attempt)
+                if from_standby(exc.__cause__ or exc):
+                    self._standby_seen = self.clock()
+                if self._electing() or self.clock() - self._standby_seen < ELECTION_WINDOW:
+                    delay = self._backoff.rng(*STANDBY_RETRY)
+                else:
+                    delay = self._backoff.delay(attempt)
                 if (timed_out and not repeatable) or self.clock() + delay >= deadline:
                     raise Unavailable(
                         "UNAVAILABLE",

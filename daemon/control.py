@@ -34,15 +34,10 @@ import grpc
 
 from truba.backoff import Backoff
 from truba.channel import Credentials, open_channel
-from truba.follow import from_standby, leader_hint, scheduler_addresses
+from truba.follow import ELECTION_WINDOW, STANDBY_RETRY, from_standby, leader_hint, scheduler_addresses
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
 RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)
-STANDBY_RETRY = (0.1, 0.5)
-"""Seconds (uniform) before trying the leader a standby named: the election ends within seconds."""
-ELECTION_WINDOW = 30.0
-"""Seconds after a standby's answer during which a failed round does not grow the backoff: the
-lease's ttl (3 s by default) plus the new leader's load of the store, with room to spare."""
 OWN_SUBCHANNEL = (("grpc.use_local_subchannel_pool", 1),)
 """Each session's channel connects on its own: channels to one address share gRPC's global
 subchannel, whose reconnect backoff (1 s, growing to 2 s) would fail a new session at once,

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 
 LEADER_KEY: Final = "truba-leader"
 """Trailing metadata of a standby's answer: the leader's address ("" when none is known)."""
+ELECTION_WINDOW: Final = 30.0
+"""Seconds after a standby's answer during which an election counts as under way: a failed try
+waits :data:`STANDBY_RETRY`, not a growing backoff (the new leader's port is closed while it
+loads the store). The lease's ttl (3 s by default) plus that load, with room to spare."""
+STANDBY_RETRY: Final = (0.1, 0.5)
+"""Seconds (uniform) before trying again while an election is under way: it ends within seconds."""
 
 GRPC_SCHEMES: Final = ("unix:", "unix-abstract:", "ipv4:", "ipv6:", "dns:")
 C = TypeVar("C")
@@ -90,6 +96,8 @@ class _Addresses(Generic[C]):
     def __init__(self, addresses: Sequence[str], open_one: Callable[[str], C]) -> None:
         self.addresses = list(addresses)
         self.current = self.addresses[0]
+        self.standby_seen = -ELECTION_WINDOW
+        """When (monotonic) a standby last answered a call."""
         self._open = open_one
         self.channels: dict[str, C] = {}
 
@@ -102,6 +110,8 @@ class _Addresses(Generic[C]):
     def moved(self, failed: str, error: BaseException) -> str:
         """``failed`` answered UNAVAILABLE: the address to try next (the leader it named, or the
         next in the list), which becomes the current one."""
+        if from_standby(error):
+            self.standby_seen = time.monotonic()
         if self.current == failed:
             hint = leader_hint(error)
             if hint and hint != failed:
@@ -126,6 +136,11 @@ class FollowingChannel:
     def current(self) -> str:
         """The address calls go to now."""
         return self._book.current
+
+    @property
+    def electing(self) -> bool:
+        """A standby answered a call within the last :data:`ELECTION_WINDOW` seconds."""
+        return time.monotonic() - self._book.standby_seen < ELECTION_WINDOW
 
     def unary_unary(self, method: str, **codec: Any) -> Callable[..., Any]:
         book = self._book

@@ -55,6 +55,7 @@ async def test_a_client_follows_the_leader_a_standby_names_past_a_dead_address()
             assert (await client.cluster_info()).daemons == 3
             assert client._channel is not None
             assert client._channel.current == leader  # type: ignore[attr-defined]
+            assert client._electing()  # a standby answered: the client's retries wait briefly
 
 
 async def test_the_command_line_channel_follows_the_leader_too() -> None:
@@ -90,4 +91,5 @@ async def test_no_scheduler_reachable_is_a_typed_error_within_the_patience() -> 
     async with Client(dead, journal=False, unavailable_after=1.0) as client:
         with pytest.raises(Unavailable, match="did not answer within 1 s"):
             await client.cluster_info()
+        assert not client._electing()  # dead addresses are no election: the backoff grows
     assert time.monotonic() - started < 3.0

@@ -7,11 +7,15 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator
 
+import grpc
+import grpc.aio
 import pytest
 
 from tests.unit.client.fakes import FakeScheduler, client_for, daemons_for
+from truba.backoff import Backoff
 from truba.client import Outcome, Unavailable
 from truba.client.reach import Reach
+from truba.follow import LEADER_KEY, STANDBY_RETRY
 from truba.pipes.fake_broker import FakeBroker
 
 BOUND = 0.3
@@ -239,3 +243,46 @@ def test_a_broker_wait_finds_its_task_on_each_loop_it_runs_on() -> None:
 
     asyncio.run(an_outage_on_a_new_loop())
     assert not reach._guards
+
+
+def _refusal(standby: bool) -> grpc.aio.AioRpcError:
+    trailing = grpc.aio.Metadata((LEADER_KEY, "")) if standby else grpc.aio.Metadata()
+    details = "standby; no leader yet" if standby else "failed to connect to all addresses"
+    return grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), trailing, details, None)
+
+
+async def _call(reach: Reach, failures: list[grpc.aio.AioRpcError]) -> None:
+    """A call through ``reach`` that fails with ``failures`` first, then is answered."""
+
+    async def rpc(timeout: float) -> str:
+        if failures:
+            raise failures.pop(0)
+        return "answered"
+
+    assert await reach.call("GetJob", rpc) == "answered"
+
+
+def _recording_backoff(waited: list[float]) -> Backoff:
+    async def sleep(seconds: float) -> None:
+        waited.append(seconds)
+
+    return Backoff(attempts=None, base=0.2, cap=5.0, sleep=sleep, rng=lambda low, high: high)
+
+
+async def test_a_call_waits_a_standby_retry_not_a_grown_backoff_while_an_election_is_on() -> None:
+    # Given the longest waits the backoff allows: refusals alone grow them (0.2, 0.4, 0.8, ... s)
+    grown: list[float] = []
+    alone = Reach(30.0, backoff=_recording_backoff(grown))
+    await _call(alone, [_refusal(standby=False) for _ in range(5)])
+    assert grown == [0.2, 0.4, 0.8, 1.6, 3.2]
+    # When a standby answered first (an election is on), the refusals after it (the new leader
+    # loading the store) wait a standby retry each
+    flat: list[float] = []
+    electing = Reach(30.0, backoff=_recording_backoff(flat))
+    await _call(electing, [_refusal(standby=True), *(_refusal(standby=False) for _ in range(5))])
+    assert flat == [STANDBY_RETRY[1]] * 6
+    # And a channel over several addresses that saw the standby says so for the call
+    told: list[float] = []
+    following = Reach(30.0, backoff=_recording_backoff(told), electing=lambda: True)
+    await _call(following, [_refusal(standby=False) for _ in range(3)])
+    assert told == [STANDBY_RETRY[1]] * 3
