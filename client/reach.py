@@ -35,7 +35,7 @@ import grpc
 from truba.backoff import Backoff
 from truba.client.errors import Unavailable, map_rpc_errors
 from truba.client.notices import notice
-from truba.follow import ELECTION_WINDOW, STANDBY_RETRY, from_standby
+from truba.follow import STANDBY_RETRY, Election
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +73,8 @@ class Reach:
         self.clock = clock
         """The clock of outages (``time.monotonic``, or a test's)."""
         self._electing = electing
-        self._standby_seen = -ELECTION_WINDOW
-        """When (``clock``) a call was last answered by a standby."""
+        self._election = Election(clock)
+        """Standbys that answered this client's calls."""
         self._scheduler_down = False
         self._down: dict[str, float] = {}
         """Brokers whose last check failed, and since when."""
@@ -111,9 +111,8 @@ class Reach:
             except Unavailable as exc:
                 timed_out = exc.code == grpc.StatusCode.DEADLINE_EXCEEDED.name
                 self.scheduler_down(what, exc)
-                if from_standby(exc.__cause__ or exc):
-                    self._standby_seen = self.clock()
-                if self._electing() or self.clock() - self._standby_seen < ELECTION_WINDOW:
+                self._election.saw(exc.__cause__)
+                if self._electing() or self._election.on:
                     delay = self._backoff.rng(*STANDBY_RETRY)
                 else:
                     delay = self._backoff.delay(attempt)

@@ -7,13 +7,14 @@ unreachable the daemon keeps running its last assignment and keeps trying: the t
 again after reconnect (eventual consistency).
 
 **Several schedulers** (``--scheduler a:50051,b:50051``, high availability): the link talks to
-one at a time. A standby answers ``UNAVAILABLE`` naming the leader (:func:`truba.follow.leader_hint`):
-the link goes there after a short pause (:data:`STANDBY_RETRY`, without growing: an election
-takes seconds). An address that fails otherwise makes it try the next one at once; only after
-a whole round of failures does it back off, and not while an election is on: for
-:data:`ELECTION_WINDOW` after a standby answered, a failed round waits :data:`STANDBY_RETRY` too
-(the new leader's port is closed while it loads the store, and a growing backoff there kept a
-daemon away for seconds after the leader served).
+one at a time. A standby answers ``UNAVAILABLE`` naming the leader
+(:func:`truba.follow.leader_hint`): the link goes there after a short pause
+(:data:`~truba.follow.STANDBY_RETRY`, without growing: an election takes seconds). An address
+that fails otherwise makes it try the next one at once; only after a whole round of failures
+does it back off, and not while an election is on: for :data:`~truba.follow.ELECTION_WINDOW`
+after a standby answered, a failed round waits a standby retry too (the new leader's port is
+closed while it loads the store, and a growing backoff there kept a daemon away for seconds
+after the leader served).
 
 **Epochs.** Every Welcome and Assignment carries the sending leader's epoch, and the link keeps
 the highest it saw. An assignment of an older epoch (a former leader's) is ignored, logged and
@@ -27,14 +28,13 @@ import asyncio
 import contextlib
 import logging
 import random
-import time
 from typing import Protocol
 
 import grpc
 
 from truba.backoff import Backoff
 from truba.channel import Credentials, open_channel
-from truba.follow import ELECTION_WINDOW, STANDBY_RETRY, from_standby, leader_hint, scheduler_addresses
+from truba.follow import STANDBY_RETRY, Election, leader_hint, scheduler_addresses
 from truba.proto.v1 import daemons_pb2, daemons_pb2_grpc
 
 RECONNECT_BACKOFF = Backoff(attempts=None, base=0.2, cap=10.0)
@@ -129,8 +129,7 @@ class SchedulerLink:
         """Assignments ignored for an epoch older than :attr:`epoch`."""
         self._heartbeat_interval = 2.0
         self._nudged = asyncio.Event()
-        self._standby_seen = -ELECTION_WINDOW
-        """When (monotonic) a standby last answered: an election was on."""
+        self._election = Election()
 
     @property
     def is_connected(self) -> bool:
@@ -139,8 +138,8 @@ class SchedulerLink:
 
     @property
     def electing(self) -> bool:
-        """A standby answered within the last :data:`ELECTION_WINDOW` seconds."""
-        return time.monotonic() - self._standby_seen < ELECTION_WINDOW
+        """A standby answered within the last :data:`~truba.follow.ELECTION_WINDOW` seconds."""
+        return self._election.on
 
     def nudge(self) -> None:
         """Sends a heartbeat now instead of at the next interval (e.g. the daemon started draining)."""
@@ -155,8 +154,7 @@ class SchedulerLink:
                 await self._session(stop)
             except grpc.aio.AioRpcError as exc:
                 hint = leader_hint(exc)
-                if from_standby(exc):
-                    self._standby_seen = time.monotonic()
+                self._election.saw(exc)
                 log.warning(
                     "daemon.scheduler.unreachable",
                     extra={

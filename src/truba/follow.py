@@ -16,6 +16,7 @@ Any gRPC stub works over these channels (they offer ``unary_unary``, ``unary_str
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Generic, TypeVar, final
@@ -85,6 +86,25 @@ def _leader_entry(error: BaseException) -> str | None:
     return None
 
 
+@final
+class Election:
+    """Whether an election is under way: a standby answered within :data:`ELECTION_WINDOW` seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._seen = -math.inf
+
+    def saw(self, error: BaseException | None) -> None:
+        """A call failed with ``error``: notes when, if a standby gave it."""
+        if error is not None and from_standby(error):
+            self._seen = self._clock()
+
+    @property
+    def on(self) -> bool:
+        """A standby answered within the last :data:`ELECTION_WINDOW` seconds."""
+        return self._clock() - self._seen < ELECTION_WINDOW
+
+
 def _code(error: grpc.RpcError) -> grpc.StatusCode | None:
     code = getattr(error, "code", None)
     return code() if callable(code) else None
@@ -96,8 +116,7 @@ class _Addresses(Generic[C]):
     def __init__(self, addresses: Sequence[str], open_one: Callable[[str], C]) -> None:
         self.addresses = list(addresses)
         self.current = self.addresses[0]
-        self.standby_seen = -ELECTION_WINDOW
-        """When (monotonic) a standby last answered a call."""
+        self.election = Election()
         self._open = open_one
         self.channels: dict[str, C] = {}
 
@@ -110,8 +129,7 @@ class _Addresses(Generic[C]):
     def moved(self, failed: str, error: BaseException) -> str:
         """``failed`` answered UNAVAILABLE: the address to try next (the leader it named, or the
         next in the list), which becomes the current one."""
-        if from_standby(error):
-            self.standby_seen = time.monotonic()
+        self.election.saw(error)
         if self.current == failed:
             hint = leader_hint(error)
             if hint and hint != failed:
@@ -140,7 +158,7 @@ class FollowingChannel:
     @property
     def electing(self) -> bool:
         """A standby answered a call within the last :data:`ELECTION_WINDOW` seconds."""
-        return time.monotonic() - self._book.standby_seen < ELECTION_WINDOW
+        return self._book.election.on
 
     def unary_unary(self, method: str, **codec: Any) -> Callable[..., Any]:
         book = self._book
