@@ -185,8 +185,8 @@ async def test_a_leader_taking_over_is_reached_at_once_though_its_port_was_close
 ) -> None:
     # Given a standby that names the dead leader, with the longest backoff the policy allows
     port = free_port()
-    standby = StandbyFace(f"127.0.0.1:{port}", None, leader=lambda: dead, services=())
     dead = f"127.0.0.1:{free_port()}"
+    standby = StandbyFace(f"127.0.0.1:{port}", None, leader=lambda: dead, services=())
     await standby.start()
     longest = Backoff(attempts=None, base=0.2, cap=10.0, rng=lambda low, high: high)
     link = SchedulerLink(f"{dead},{standby.address}", Recorder(), backoff=longest)
